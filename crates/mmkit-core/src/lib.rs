@@ -1,1 +1,29 @@
+//! mmkit-core: the `no_std` heart of mmkit — page descriptors, the buddy allocator
+//! with zones, migratetypes, pageblocks and watermarks, per-CPU page lists, the
+//! statistics counters, and the page-clearing kernels.
+//!
+//! Nothing here starts threads, opens files or calls libc. The environment (current
+//! CPU, a clock, the zone lock type) comes in through [`Platform`]; memory comes in as
+//! a number of frames, whose contents the core never touches except to clear them.
+
 #![no_std]
+#![warn(missing_docs)]
+
+extern crate alloc;
+
+mod page_alloc;
+pub mod clear;
+pub mod config;
+pub mod gfp;
+pub mod page;
+pub mod pcp;
+pub mod platform;
+pub mod stat;
+pub mod zone;
+
+pub use crate::page_alloc::{AllocError, FreeError, NoHooks, PageAlloc, SlowPathHooks, ZoneInfo};
+pub use config::{Config, MergePolicy, PcpHighPolicy, PcpPolicy, RefillPolicy};
+pub use gfp::{AllocContext, Gfp, MigrateType, MIGRATE_PCPTYPES, MIGRATE_TYPES};
+pub use page::{Page, PageState, Pfn, MAX_ORDER, NR_ORDERS, PAGEBLOCK_NR_PAGES, PAGEBLOCK_ORDER, PAGE_SHIFT, PAGE_SIZE};
+pub use platform::{PcpLock, Platform};
+pub use stat::{LockStats, VmEvent, VmEvents, NR_VM_EVENTS};

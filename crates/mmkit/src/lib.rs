@@ -1,1 +1,395 @@
+//! mmkit: the Linux memory-management subsystem as an embeddable library.
+//!
+//! [`Mm`] manages an arena of real memory as 4 KiB page frames with the kernel's
+//! page allocator (zones, buddy lists per migratetype, pageblocks, watermarks,
+//! per-CPU page lists) from [`mmkit_core`], and adds the std runtime: the arena
+//! (mmap, THP / hugetlb), per-CPU identity, a background worker for per-CPU list
+//! auto-tuning, typed errors and `/proc`-style views.
+//!
+//! ```
+//! use mmkit::{Gfp, Mm};
+//! let mm = Mm::builder().memory(64 << 20).build()?;
+//! let pfn = mm.alloc_pages(Gfp::KERNEL | Gfp::ZERO, 2)?;     // 4 pages, zeroed
+//! let p = mm.page_address(pfn);
+//! unsafe { p.write(42) };
+//! mm.free_pages(pfn, 2)?;
+//! mm.check()?;
+//! # Ok::<(), mmkit::Error>(())
+//! ```
+
+mod arena;
+mod platform;
+mod views;
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+pub use arena::Backing;
 pub use mmkit_core;
+pub use mmkit_core::{
+    Config, Gfp, LockStats, MergePolicy, MigrateType, PcpHighPolicy, PcpPolicy, Pfn, RefillPolicy,
+    VmEvent, VmEvents, ZoneInfo, MAX_ORDER, PAGEBLOCK_ORDER, PAGE_SIZE,
+};
+pub use platform::StdPlatform;
+
+use mmkit_core::{AllocError, FreeError, NoHooks, PageAlloc};
+
+/// Errors of the mmkit API. Every refused call changed nothing.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// No block of the order could be found, after draining per-CPU lists and
+    /// merging; free memory or ask for a smaller order.
+    #[error("out of memory: no free block of order {order} (free memory or use a smaller order)")]
+    NoMemory {
+        /// The requested order.
+        order: u32,
+    },
+    /// Orders go from 0 to MAX_ORDER (10).
+    #[error("invalid order {order}: orders go from 0 to {MAX_ORDER}")]
+    InvalidOrder {
+        /// The order given.
+        order: u32,
+    },
+    /// The pfn is not in this Mm's arena.
+    #[error("pfn {pfn} is outside the arena")]
+    OutOfRange {
+        /// The pfn given.
+        pfn: u64,
+    },
+    /// The pfn is not aligned to 2^order pages, so it cannot head a block of that order.
+    #[error("pfn {pfn} is not aligned to order {order}")]
+    Misaligned {
+        /// The pfn given.
+        pfn: u64,
+        /// The order given.
+        order: u32,
+    },
+    /// The pfn is not the head of an allocated block: never allocated, already
+    /// freed, or an interior page of a block.
+    #[error("pfn {pfn} is not an allocated block (never allocated, already freed, or inside a block)")]
+    NotAllocated {
+        /// The pfn given.
+        pfn: u64,
+    },
+    /// The block was allocated with another order.
+    #[error("pfn {pfn} was allocated with order {allocated}, freed with order {given}")]
+    WrongOrder {
+        /// The pfn given.
+        pfn: u64,
+        /// The order it was allocated with.
+        allocated: u32,
+        /// The order given to free.
+        given: u32,
+    },
+    /// The arena could not be mapped.
+    #[error("arena: {0}")]
+    Arena(String),
+    /// The configuration is not usable.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// `check()` found a broken invariant.
+    #[error("invariant broken: {0}")]
+    Corrupt(String),
+}
+
+/// The named policy sets the lab compares.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// The best defaults: PCP with auto-tuned high, lazy order-0 merging with merge
+    /// on demand, cluster refill.
+    Mmkit,
+    /// Linux before the zone-lock work: PCP with fixed high, eager merging,
+    /// page-by-page refill.
+    MmkitEager,
+    /// No per-CPU lists, eager merging: every call takes the zone lock.
+    MmkitNoPcp,
+}
+
+impl Variant {
+    /// All variants.
+    pub const ALL: [Variant; 3] = [Variant::Mmkit, Variant::MmkitEager, Variant::MmkitNoPcp];
+    /// The lab name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Variant::Mmkit => "mmkit",
+            Variant::MmkitEager => "mmkit-eager",
+            Variant::MmkitNoPcp => "mmkit-nopcp",
+        }
+    }
+    /// From a lab name.
+    pub fn from_name(s: &str) -> Option<Variant> {
+        Variant::ALL.into_iter().find(|v| v.name() == s)
+    }
+    fn apply(self, c: &mut Config) {
+        let (pcp, merge, refill, high) = match self {
+            Variant::Mmkit => (PcpPolicy::On, MergePolicy::Lazy, RefillPolicy::Cluster, PcpHighPolicy::Auto),
+            Variant::MmkitEager => (PcpPolicy::On, MergePolicy::Eager, RefillPolicy::PageByPage, PcpHighPolicy::Fixed),
+            Variant::MmkitNoPcp => (PcpPolicy::Off, MergePolicy::Eager, RefillPolicy::PageByPage, PcpHighPolicy::Fixed),
+        };
+        c.pcp = pcp;
+        c.merge = merge;
+        c.refill = refill;
+        c.pcp_high = high;
+    }
+}
+
+/// Builds an [`Mm`].
+#[derive(Clone, Debug)]
+pub struct MmBuilder {
+    memory: Option<usize>,
+    cfg: Config,
+    hugetlb: bool,
+    prefault: bool,
+}
+
+/// A quarter of RAM, capped at 4 GiB.
+fn default_memory() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, psize) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let ram = (pages.max(0) as usize).saturating_mul(psize.max(0) as usize);
+    (ram / 4).clamp(64 << 20, 4 << 30)
+}
+
+impl MmBuilder {
+    /// Arena size in bytes (rounded down to 4 KiB; at least 2 MiB).
+    pub fn memory(mut self, bytes: usize) -> Self {
+        self.memory = Some(bytes);
+        self
+    }
+    /// A named policy set.
+    pub fn variant(mut self, v: Variant) -> Self {
+        v.apply(&mut self.cfg);
+        self
+    }
+    /// Per-CPU lists on/off.
+    pub fn pcp(mut self, p: PcpPolicy) -> Self {
+        self.cfg.pcp = p;
+        self
+    }
+    /// Merging policy.
+    pub fn merge(mut self, m: MergePolicy) -> Self {
+        self.cfg.merge = m;
+        self
+    }
+    /// Refill policy.
+    pub fn refill(mut self, r: RefillPolicy) -> Self {
+        self.cfg.refill = r;
+        self
+    }
+    /// Per-CPU `high` policy.
+    pub fn pcp_high(mut self, h: PcpHighPolicy) -> Self {
+        self.cfg.pcp_high = h;
+        self
+    }
+    /// Per-CPU batch (default derived from the zone size).
+    pub fn pcp_batch(mut self, b: u32) -> Self {
+        self.cfg.pcp_batch = Some(b);
+        self
+    }
+    /// Number of per-CPU slots (default: the CPUs the system may bring online).
+    pub fn cpus(mut self, n: usize) -> Self {
+        self.cfg.nr_cpus = n;
+        self
+    }
+    /// Try hugetlb backing; falls back to THP with a message when refused.
+    pub fn hugetlb(mut self, on: bool) -> Self {
+        self.hugetlb = on;
+        self
+    }
+    /// Fault the whole arena in at build time.
+    pub fn prefault(mut self, on: bool) -> Self {
+        self.prefault = on;
+        self
+    }
+    /// Maps the arena and builds the allocator.
+    pub fn build(self) -> Result<Mm, Error> {
+        let len = self.memory.unwrap_or_else(default_memory) & !(PAGE_SIZE - 1);
+        if len < (2 << 20) {
+            return Err(Error::Config(format!("memory {len} bytes is below the 2 MiB minimum (one pageblock)")));
+        }
+        let arena = arena::Arena::new(len, self.hugetlb, self.prefault)
+            .map_err(|e| Error::Arena(format!("mmap of {len} bytes failed: {e}")))?;
+        let alloc = PageAlloc::<StdPlatform>::new(self.cfg.clone(), (len / PAGE_SIZE) as u64)
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let inner = Arc::new(MmInner {
+            alloc,
+            arena,
+            worker: Arc::new((Mutex::new(false), Condvar::new())),
+        });
+        if self.cfg.pcp == PcpPolicy::On && self.cfg.pcp_high == PcpHighPolicy::Auto {
+            spawn_vmstat_worker(&inner);
+        }
+        Ok(Mm { inner })
+    }
+}
+
+/// The per-second worker (Linux's vmstat_update): decays per-CPU `high`.
+fn spawn_vmstat_worker(inner: &Arc<MmInner>) {
+    let weak = Arc::downgrade(inner);
+    let stop = inner.worker.clone();
+    std::thread::Builder::new()
+        .name("mmkit-vmstat".into())
+        .spawn(move || loop {
+            {
+                let (m, cv) = &*stop;
+                let g = m.lock().unwrap_or_else(|e| e.into_inner());
+                let (g, _) = cv
+                    .wait_timeout(g, Duration::from_secs(1))
+                    .unwrap_or_else(|e| e.into_inner());
+                if *g {
+                    return;
+                }
+            }
+            match weak.upgrade() {
+                Some(mm) => mm.alloc.decay_pcp_high(),
+                None => return,
+            }
+        })
+        .ok();
+}
+
+struct MmInner {
+    alloc: PageAlloc<StdPlatform>,
+    arena: arena::Arena,
+    worker: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl Drop for MmInner {
+    fn drop(&mut self) {
+        let (m, cv) = &*self.worker;
+        *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cv.notify_all();
+    }
+}
+
+/// A memory manager over one arena. Cheap to clone; clones share the allocator.
+#[derive(Clone)]
+pub struct Mm {
+    inner: Arc<MmInner>,
+}
+
+fn free_err(e: FreeError, pfn: Pfn, order: u32) -> Error {
+    let pfn = pfn.get();
+    match e {
+        FreeError::InvalidOrder => Error::InvalidOrder { order },
+        FreeError::OutOfRange => Error::OutOfRange { pfn },
+        FreeError::Misaligned => Error::Misaligned { pfn, order },
+        FreeError::NotAllocated => Error::NotAllocated { pfn },
+        FreeError::WrongOrder { allocated } => Error::WrongOrder { pfn, allocated, given: order },
+    }
+}
+
+impl Mm {
+    /// A builder with the `mmkit` variant's policies and one per-CPU slot per CPU.
+    pub fn builder() -> MmBuilder {
+        let mut cfg = Config {
+            nr_cpus: platform::nr_cpus(),
+            ..Config::default()
+        };
+        Variant::Mmkit.apply(&mut cfg);
+        MmBuilder {
+            memory: None,
+            cfg,
+            hugetlb: false,
+            prefault: false,
+        }
+    }
+
+    /// Allocates 2^order contiguous pages.
+    #[inline]
+    pub fn alloc_pages(&self, gfp: Gfp, order: u32) -> Result<Pfn, Error> {
+        match self.inner.alloc.alloc_pages(gfp, order, &NoHooks) {
+            Ok(pfn) => {
+                if gfp.contains(Gfp::ZERO) {
+                    // SAFETY: the block is ours, 2^order pages inside the arena.
+                    unsafe { std::ptr::write_bytes(self.page_address(pfn), 0, PAGE_SIZE << order) };
+                }
+                Ok(pfn)
+            }
+            Err(AllocError::InvalidOrder) => Err(Error::InvalidOrder { order }),
+            Err(AllocError::NoMemory) => Err(Error::NoMemory { order }),
+        }
+    }
+
+    /// Frees a block; bad input is refused with an error and changes nothing.
+    #[inline]
+    pub fn free_pages(&self, pfn: Pfn, order: u32) -> Result<(), Error> {
+        self.inner
+            .alloc
+            .free_pages(pfn, order)
+            .map_err(|e| free_err(e, pfn, order))
+    }
+
+    /// The address of a block's first byte (null for a pfn outside the arena).
+    #[inline]
+    pub fn page_address(&self, pfn: Pfn) -> *mut u8 {
+        let off = (pfn.get() as usize).wrapping_mul(PAGE_SIZE);
+        if pfn.get() >= self.inner.alloc.nr_pages() {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: off < arena length, so the result stays inside the mapping.
+        unsafe { self.inner.arena.base().add(off) }
+    }
+
+    /// The pfn of an address inside the arena.
+    pub fn pfn_of(&self, addr: *const u8) -> Option<Pfn> {
+        let off = (addr as usize).checked_sub(self.inner.arena.base() as usize)?;
+        (off < self.inner.arena.len()).then(|| Pfn::new((off / PAGE_SIZE) as u64))
+    }
+
+    /// Walks every free list and descriptor and verifies the invariants.
+    pub fn check(&self) -> Result<(), Error> {
+        self.inner.alloc.check().map_err(Error::Corrupt)
+    }
+
+    /// Allocatable pages: on the buddy lists and the per-CPU lists.
+    pub fn nr_free_pages(&self) -> u64 {
+        self.inner.alloc.nr_free_pages()
+    }
+
+    /// Pages the zones manage.
+    pub fn nr_managed_pages(&self) -> u64 {
+        self.inner.alloc.nr_managed_pages()
+    }
+
+    /// Flushes every CPU's per-CPU lists to the buddy lists.
+    pub fn drain_all_pages(&self) {
+        self.inner.alloc.drain_all_pages()
+    }
+
+    /// Zone lock statistics, summed over zones.
+    pub fn zone_lock_stats(&self) -> LockStats {
+        self.inner.alloc.zone_lock_stats()
+    }
+
+    /// Folded vmstat event counters.
+    pub fn vm_events(&self) -> VmEvents {
+        self.inner.alloc.vm_events()
+    }
+
+    /// Clears the event counters and lock statistics.
+    pub fn reset_stats(&self) {
+        self.inner.alloc.reset_stats()
+    }
+
+    /// A snapshot of every zone.
+    pub fn zone_info(&self) -> Vec<ZoneInfo> {
+        self.inner.alloc.zone_info()
+    }
+
+    /// The policies in force.
+    pub fn config(&self) -> &Config {
+        self.inner.alloc.config()
+    }
+
+    /// How the arena is backed, and why hugetlb was not used if it was asked for.
+    pub fn backing(&self) -> (Backing, Option<String>) {
+        (self.inner.arena.backing(), self.inner.arena.fallback_note.clone())
+    }
+
+    /// The core allocator, for layers built on top.
+    pub fn page_alloc(&self) -> &PageAlloc<StdPlatform> {
+        &self.inner.alloc
+    }
+}

@@ -1,0 +1,69 @@
+//! The policies the lab compares, each a runtime value, so one binary runs them all.
+
+/// Per-CPU page lists.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum PcpPolicy {
+    /// Orders 0..=3 go through per-CPU lists.
+    On,
+    /// Every allocation and free takes the zone lock.
+    Off,
+}
+
+/// Buddy merging on free.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum MergePolicy {
+    /// Merge with free buddies on every free.
+    Eager,
+    /// Skip the merge for order-0 frees; merge on demand when a high-order request,
+    /// a fallback or compaction needs it.
+    Lazy,
+}
+
+/// How per-CPU lists are refilled from and drained to the zone.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum RefillPolicy {
+    /// One buddy allocation (split, descriptor writes) per page under the lock.
+    PageByPage,
+    /// Take a contiguous run from one block, touching only its head under the lock;
+    /// free back aligned runs as whole blocks.
+    Cluster,
+}
+
+/// How per-CPU `high` is chosen.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum PcpHighPolicy {
+    /// A fixed `high` (6 * batch, as Linux before 6.7).
+    Fixed,
+    /// Auto-tuned between `high_min` and `high_max` (Linux 6.7).
+    Auto,
+}
+
+/// Configuration of a page allocator.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Per-CPU lists on or off.
+    pub pcp: PcpPolicy,
+    /// Eager or lazy merging.
+    pub merge: MergePolicy,
+    /// Page-by-page or cluster refill.
+    pub refill: RefillPolicy,
+    /// Fixed or auto-tuned `high`.
+    pub pcp_high: PcpHighPolicy,
+    /// Number of per-CPU slots (CPU ids are reduced modulo this).
+    pub nr_cpus: usize,
+    /// Per-CPU batch; `None` derives it from the zone size as Linux does.
+    pub pcp_batch: Option<u32>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            pcp: PcpPolicy::On,
+            merge: MergePolicy::Lazy,
+            refill: RefillPolicy::Cluster,
+            pcp_high: PcpHighPolicy::Auto,
+            nr_cpus: 1,
+            pcp_batch: None,
+        }
+    }
+}

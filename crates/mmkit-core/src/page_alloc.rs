@@ -1,0 +1,941 @@
+//! The page allocator: the entry points `alloc_pages` / `free_pages`, the fast and
+//! slow paths, per-CPU refill and drain policies, and the invariant walk.
+//!
+//! Fast path (Linux's `get_page_from_freelist`): for orders 0..=3 pop the CPU's
+//! list; refill it from the zone (one lock hold per batch) when empty, after a
+//! low-watermark check. Higher orders go to the zone's buddy lists directly.
+//! Slow path (`__alloc_pages_slowpath`): wake kswapd (hook), retry at the min
+//! watermark (atomic requests may go lower: half of min for `__GFP_HIGH`, a further
+//! quarter when they cannot sleep), drain every CPU's lists and merge what lazy
+//! merging skipped, try compaction and reclaim (hooks), give back high-atomic
+//! reserves, and only then report out of memory.
+//!
+//! Free validation: `free_pages` claims the block by one compare-and-swap of its head
+//! descriptor from `Alloc` (with the caller's order) to `None`. Anything else — a
+//! free page, an interior page, a double free racing with itself, a wrong order — is
+//! refused before any list is touched.
+//!
+//! Locking: per-CPU lock, then zone lock. `check` takes every per-CPU lock of a zone
+//! and then its zone lock.
+
+use alloc::boxed::Box;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec;
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU8, Ordering};
+
+use crate::config::{Config, MergePolicy, PcpHighPolicy, PcpPolicy, RefillPolicy};
+use crate::gfp::{AllocContext, Gfp, MigrateType, ALLOC_HARDER, ALLOC_WMARK_LOW, MIGRATE_PCPTYPES, MIGRATE_TYPES};
+use crate::page::{
+    fl_mt, fl_order, fl_state, mk_flags, Page, PageState, Pfn, MAX_ORDER, NR_ORDERS,
+    PAGEBLOCK_NR_PAGES, PAGEBLOCK_ORDER, PG_MERGE_SKIPPED,
+};
+use crate::pcp::{PcpGuard, PcpList, PerCpuPages, PCP_MAX_ORDER, PCP_ORDERS};
+use crate::platform::Platform;
+use crate::stat::{AtomicEvents, LockStats, VmEvent, VmEvents};
+use crate::zone::{MemMap, Span, Zone, ZoneGuard};
+
+/// Why an allocation failed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum AllocError {
+    /// No block of the order could be had after draining, merging and the hooks.
+    NoMemory,
+    /// The order is above `MAX_ORDER`.
+    InvalidOrder,
+}
+
+/// Why a free was refused. Nothing was changed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum FreeError {
+    /// The order is above `MAX_ORDER`.
+    InvalidOrder,
+    /// The pfn is outside the memory this allocator manages.
+    OutOfRange,
+    /// The pfn is not aligned to 2^order.
+    Misaligned,
+    /// Not the head of an allocated block (never allocated, already free, interior).
+    NotAllocated,
+    /// Allocated with another order.
+    WrongOrder {
+        /// The order the block was allocated with.
+        allocated: u32,
+    },
+}
+
+/// Slow-path hooks filled in by the layers above (reclaim, compaction, kswapd).
+pub trait SlowPathHooks {
+    /// Wake the background reclaimer.
+    fn wake_kswapd(&self, _order: u32) {}
+    /// Try direct compaction for a block of `order`; true if it may have helped.
+    fn direct_compact(&self, _order: u32, _mt: MigrateType) -> bool {
+        false
+    }
+    /// Try direct reclaim; returns the pages freed.
+    fn direct_reclaim(&self, _order: u32) -> u64 {
+        0
+    }
+}
+
+/// Hooks that do nothing: an allocator without reclaim or compaction.
+pub struct NoHooks;
+impl SlowPathHooks for NoHooks {}
+
+/// A snapshot of one zone, for the text views.
+#[derive(Clone, Debug)]
+pub struct ZoneInfo {
+    /// Zone name ("Normal").
+    pub name: &'static str,
+    /// First pfn of the zone.
+    pub start_pfn: u64,
+    /// Pages spanned.
+    pub spanned: u64,
+    /// Pages managed by the buddy allocator.
+    pub managed: u64,
+    /// min, low, high watermarks.
+    pub wmark: [u64; 3],
+    /// Pages on the buddy lists.
+    pub nr_free: u64,
+    /// Pages on per-CPU lists.
+    pub nr_pcp: u64,
+    /// Order-0 pages freed without merging.
+    pub nr_unmerged: u64,
+    /// Free blocks per order and migratetype.
+    pub free_blocks: [[u64; MIGRATE_TYPES]; NR_ORDERS],
+    /// Pageblocks per migratetype.
+    pub pageblocks: [u64; MIGRATE_TYPES],
+    /// Zone lock statistics.
+    pub lock: LockStats,
+    /// (high, count) per CPU.
+    pub pcp_high: Vec<(u32, u32)>,
+}
+
+/// The page allocator over a memmap of `nr_pages` frames.
+pub struct PageAlloc<P: Platform> {
+    cfg: Config,
+    mem: MemMap,
+    zones: Box<[Zone<P>]>,
+    pcp: Box<[PerCpuPages]>,
+    events: Box<[AtomicEvents]>,
+    ncpu: usize,
+    nr_pages: u64,
+}
+
+/// Linux's `zone_batchsize`: a quarter of 1/1024 of the zone, at most 256 pages,
+/// rounded to 2^n - 1 to keep batches from aliasing in caches.
+fn zone_batchsize(managed: u64) -> u32 {
+    let mut batch = (managed / 1024).min(256) / 4;
+    if batch < 1 {
+        batch = 1;
+    }
+    let b = batch + batch / 2;
+    let r = 1u64 << (63 - b.leading_zeros());
+    (r.saturating_sub(1)).max(1) as u32
+}
+
+impl<P: Platform> PageAlloc<P> {
+    /// Builds an allocator managing `nr_pages` frames (pfn 0..nr_pages), all free,
+    /// in one zone. `nr_pages` must be at least one pageblock and fit `u32`.
+    pub fn new(cfg: Config, nr_pages: u64) -> Result<Self, &'static str> {
+        if nr_pages < PAGEBLOCK_NR_PAGES as u64 {
+            return Err("memory too small: need at least one pageblock (2 MiB)");
+        }
+        if nr_pages >= u32::MAX as u64 {
+            return Err("memory too large: at most 2^32 - 1 pages (16 TiB)");
+        }
+        if cfg.nr_cpus == 0 {
+            return Err("nr_cpus must be at least 1");
+        }
+        let pages: Box<[Page]> = (0..nr_pages).map(|_| Page::default()).collect();
+        let nr_pb = (nr_pages as usize).div_ceil(PAGEBLOCK_NR_PAGES);
+        let pageblock_mt: Box<[AtomicU8]> = (0..nr_pb)
+            .map(|_| AtomicU8::new(MigrateType::Movable as u8))
+            .collect();
+        let mem = MemMap {
+            pages,
+            pageblock_mt,
+        };
+        let span = Span {
+            start: 0,
+            end: nr_pages as u32,
+        };
+        let zone = Zone::<P>::new("Normal", span, nr_pages);
+        let batch = cfg.pcp_batch.unwrap_or_else(|| zone_batchsize(nr_pages)).max(1);
+        let high_min = 6 * batch;
+        let high_max = match cfg.pcp_high {
+            PcpHighPolicy::Fixed => high_min,
+            PcpHighPolicy::Auto => ((nr_pages / 8 / cfg.nr_cpus as u64) as u32)
+                .min(16384)
+                .max(high_min),
+        };
+        let ncpu = cfg.nr_cpus;
+        let zones: Box<[Zone<P>]> = alloc::vec![zone].into_boxed_slice();
+        let pcp_count = if cfg.pcp == PcpPolicy::On { ncpu * zones.len() } else { 0 };
+        let pcp: Box<[PerCpuPages]> = (0..pcp_count)
+            .map(|_| PerCpuPages::new(batch, high_min, high_max))
+            .collect();
+        let events: Box<[AtomicEvents]> = (0..ncpu).map(|_| AtomicEvents::new()).collect();
+        let pa = PageAlloc {
+            cfg,
+            mem,
+            zones,
+            pcp,
+            events,
+            ncpu,
+            nr_pages,
+        };
+        for z in pa.zones.iter() {
+            let mut g = z.lock();
+            g.free_range_unmerged(&pa.mem, z.span.start, z.span.end, MigrateType::Movable as usize);
+            g.lock_stats = LockStats::default();
+        }
+        Ok(pa)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Frames spanned.
+    pub fn nr_pages(&self) -> u64 {
+        self.nr_pages
+    }
+
+    /// Frames managed by the zones.
+    pub fn nr_managed_pages(&self) -> u64 {
+        self.zones.iter().map(|z| z.managed).sum()
+    }
+
+    /// The descriptor of a frame.
+    pub fn page(&self, pfn: Pfn) -> Option<&Page> {
+        self.mem.pages.get(pfn.get() as usize)
+    }
+
+    #[inline]
+    fn cpu(&self) -> usize {
+        let id = P::cpu_id();
+        if id < self.ncpu {
+            id
+        } else {
+            id % self.ncpu
+        }
+    }
+
+    #[inline]
+    fn zone_of(&self, idx: u32) -> usize {
+        if self.zones.len() == 1 {
+            return 0;
+        }
+        self.zones
+            .iter()
+            .position(|z| idx >= z.span.start && idx < z.span.end)
+            .unwrap_or(0)
+    }
+
+    #[inline]
+    fn pcp_of(&self, zone: usize, cpu: usize) -> &PerCpuPages {
+        &self.pcp[zone * self.ncpu + cpu]
+    }
+
+    /// Allocates a block of 2^order pages.
+    #[inline]
+    pub fn alloc_pages(&self, gfp: Gfp, order: u32, hooks: &impl SlowPathHooks) -> Result<Pfn, AllocError> {
+        if order > MAX_ORDER {
+            return Err(AllocError::InvalidOrder);
+        }
+        let ac = AllocContext::new(gfp);
+        if let Some(idx) = self.get_page_from_freelist(order, ALLOC_WMARK_LOW, &ac) {
+            return Ok(self.prep_new_page(idx, order, ac.mt));
+        }
+        self.alloc_slowpath(order, &ac, hooks)
+    }
+
+    #[inline]
+    fn prep_new_page(&self, idx: u32, order: u32, mt: usize) -> Pfn {
+        let p = self.mem.page(idx);
+        p.refcount.store(1, Ordering::Relaxed);
+        p.flags
+            .store(mk_flags(PageState::Alloc, order, mt as u32), Ordering::Release);
+        Pfn::new(idx as u64)
+    }
+
+    #[inline]
+    fn get_page_from_freelist(&self, order: u32, alloc_flags: u32, ac: &AllocContext) -> Option<u32> {
+        for z in 0..self.zones.len() {
+            if let Some(idx) = self.rmqueue(z, order, alloc_flags, ac) {
+                return Some(idx);
+            }
+        }
+        None
+    }
+
+    #[inline]
+    fn rmqueue(&self, z: usize, order: u32, alloc_flags: u32, ac: &AllocContext) -> Option<u32> {
+        if !self.pcp.is_empty() && order <= PCP_MAX_ORDER && ac.mt < MIGRATE_PCPTYPES {
+            let cpu = self.cpu();
+            if let Some(mut g) = self.pcp_of(z, cpu).try_lock() {
+                return self.rmqueue_pcplist(z, &mut g, order, ac.mt, alloc_flags);
+            }
+            self.events[cpu].inc(VmEvent::PcpTrylockFail);
+        }
+        self.rmqueue_buddy(z, order, ac.mt, alloc_flags)
+    }
+
+    #[inline]
+    fn rmqueue_pcplist(&self, z: usize, g: &mut PcpGuard<'_>, order: u32, mt: usize, alloc_flags: u32) -> Option<u32> {
+        let o = order as usize;
+        if g.lists[o][mt].len() == 0 && !self.pcp_refill(z, g, order, mt, alloc_flags) {
+            return None;
+        }
+        let idx = g.lists[o][mt].pop()?;
+        g.count -= 1 << order;
+        g.free_count >>= 1;
+        g.events[VmEvent::PgAlloc as usize] += 1;
+        g.events[VmEvent::PcpAllocHit as usize] += 1;
+        Some(idx)
+    }
+
+    /// Refills one per-CPU list with a batch (Linux's `rmqueue_bulk`).
+    #[cold]
+    fn pcp_refill(&self, z: usize, g: &mut PcpGuard<'_>, order: u32, mt: usize, alloc_flags: u32) -> bool {
+        let zone = &self.zones[z];
+        if !zone.watermark_ok(order, alloc_flags) {
+            g.events[VmEvent::WmarkLowFail as usize] += 1;
+            return false;
+        }
+        let entries = (g.batch >> order).max(2);
+        let g = &mut **g;
+        let list = &mut g.lists[order as usize][mt];
+        let mut zg = zone.lock();
+        let n = match self.cfg.refill {
+            RefillPolicy::PageByPage => {
+                let mut n = 0;
+                while n < entries {
+                    match zg.rmqueue(&self.mem, zone.span, order, mt, alloc_flags) {
+                        Some(idx) => list.push(idx),
+                        None => break,
+                    }
+                    n += 1;
+                }
+                n
+            }
+            RefillPolicy::Cluster => self.rmqueue_cluster(&mut zg, zone.span, order, mt, entries, list),
+        };
+        drop(zg);
+        g.count += n << order;
+        g.events[VmEvent::PcpRefill as usize] += 1;
+        g.events[VmEvent::PcpRefillPages as usize] += (n as u64) << order;
+        n > 0
+    }
+
+    /// Cluster refill: takes `entries` blocks of `order` as contiguous runs cut
+    /// from as few buddy blocks as possible, writing only the heads of the blocks it
+    /// takes apart, never the descriptors of the pages it hands to the CPU.
+    fn rmqueue_cluster(
+        &self,
+        zg: &mut ZoneGuard<'_, P>,
+        span: Span,
+        order: u32,
+        mt: usize,
+        entries: u32,
+        list: &mut PcpList,
+    ) -> u32 {
+        let mem = &self.mem;
+        let mut got = 0u32;
+        while got < entries {
+            let need_pages = (entries - got) << order;
+            let want = (32 - (need_pages - 1).leading_zeros()).clamp(order, MAX_ORDER);
+            // The smallest block that covers the rest, else the largest smaller one.
+            let mut pick = None;
+            for o in want..=MAX_ORDER {
+                if zg.free_area[o as usize][mt].nr > 0 {
+                    pick = Some(o);
+                    break;
+                }
+            }
+            if pick.is_none() {
+                for o in (order..want).rev() {
+                    if zg.free_area[o as usize][mt].nr > 0 {
+                        pick = Some(o);
+                        break;
+                    }
+                }
+            }
+            match pick {
+                Some(o) => {
+                    let head = zg.free_area[o as usize][mt].head;
+                    zg.del_free(mem, head);
+                    let take = ((1u32 << o) >> order).min(entries - got);
+                    for j in (0..take).rev() {
+                        list.push(head + (j << order));
+                    }
+                    let used = take << order;
+                    if used < (1 << o) {
+                        zg.free_range_unmerged(mem, head + used, head + (1 << o), mt);
+                    }
+                    got += take;
+                }
+                None => {
+                    // Nothing of this migratetype: the one-block path merges on
+                    // demand and falls back / steals; then runs resume.
+                    match zg.rmqueue(mem, span, order, mt, 0) {
+                        Some(idx) => {
+                            list.push(idx);
+                            got += 1;
+                        }
+                        None => break,
+                    }
+                }
+            }
+        }
+        got
+    }
+
+    #[inline(never)]
+    fn rmqueue_buddy(&self, z: usize, order: u32, mt: usize, alloc_flags: u32) -> Option<u32> {
+        let zone = &self.zones[z];
+        if !zone.watermark_ok(order, alloc_flags) {
+            self.events[self.cpu()].inc(if alloc_flags & 3 == ALLOC_WMARK_LOW {
+                VmEvent::WmarkLowFail
+            } else {
+                VmEvent::WmarkMinFail
+            });
+            return None;
+        }
+        let mut zg = zone.lock();
+        let idx = zg.rmqueue(&self.mem, zone.span, order, mt, alloc_flags)?;
+        zg.events[VmEvent::PgAlloc as usize] += 1;
+        if order > 0 && alloc_flags & ALLOC_HARDER != 0 {
+            zg.reserve_highatomic(&self.mem, zone.span, zone.managed, idx);
+        }
+        Some(idx)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn alloc_slowpath(&self, order: u32, ac: &AllocContext, hooks: &impl SlowPathHooks) -> Result<Pfn, AllocError> {
+        let cpu = self.cpu();
+        self.events[cpu].inc(VmEvent::AllocSlowpath);
+        hooks.wake_kswapd(order);
+        let flags = ac.slow_flags;
+        let attempt = |this: &Self| this.get_page_from_freelist(order, flags, ac);
+        if let Some(idx) = attempt(self) {
+            return Ok(self.prep_new_page(idx, order, ac.mt));
+        }
+        // Memory held on per-CPU lists and lazily freed pages count as free: put
+        // them back in the buddy lists, merged, before going further.
+        self.drain_all_pages();
+        self.merge_all();
+        if let Some(idx) = attempt(self) {
+            return Ok(self.prep_new_page(idx, order, ac.mt));
+        }
+        if ac.gfp.can_direct_reclaim() {
+            for _ in 0..4 {
+                let compacted = order > 0 && hooks.direct_compact(order, MigrateType::from_index(ac.mt));
+                let reclaimed = hooks.direct_reclaim(order) > 0;
+                if !compacted && !reclaimed {
+                    break;
+                }
+                if let Some(idx) = attempt(self) {
+                    return Ok(self.prep_new_page(idx, order, ac.mt));
+                }
+            }
+        }
+        let mut unreserved = false;
+        for z in self.zones.iter() {
+            unreserved |= z.lock().unreserve_highatomic(&self.mem, z.span, ac.mt);
+        }
+        if unreserved {
+            if let Some(idx) = attempt(self) {
+                return Ok(self.prep_new_page(idx, order, ac.mt));
+            }
+        }
+        self.events[self.cpu()].inc(VmEvent::AllocFail);
+        Err(AllocError::NoMemory)
+    }
+
+    /// Frees a block allocated with `order`. Refuses bad input without changing anything.
+    #[inline]
+    pub fn free_pages(&self, pfn: Pfn, order: u32) -> Result<(), FreeError> {
+        let r = self.claim_for_free(pfn, order);
+        match r {
+            Ok(mt) => {
+                self.free_claimed(pfn.get() as u32, order, mt);
+                Ok(())
+            }
+            Err(e) => {
+                self.events[self.cpu()].inc(VmEvent::FreeInvalid);
+                Err(e)
+            }
+        }
+    }
+
+    /// Validates a free and takes ownership of the block; returns its migratetype.
+    #[inline]
+    fn claim_for_free(&self, pfn: Pfn, order: u32) -> Result<usize, FreeError> {
+        if order > MAX_ORDER {
+            return Err(FreeError::InvalidOrder);
+        }
+        let idx = pfn.get();
+        if idx >= self.nr_pages {
+            return Err(FreeError::OutOfRange);
+        }
+        if idx & ((1 << order) - 1) != 0 {
+            return Err(FreeError::Misaligned);
+        }
+        let page = self.mem.page(idx as u32);
+        let mut f = page.flags.load(Ordering::Relaxed);
+        loop {
+            if fl_state(f) != PageState::Alloc as u32 {
+                return Err(FreeError::NotAllocated);
+            }
+            if fl_order(f) != order {
+                return Err(FreeError::WrongOrder { allocated: fl_order(f) });
+            }
+            match page
+                .flags
+                .compare_exchange_weak(f, 0, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(now) => f = now,
+            }
+        }
+        page.refcount.store(0, Ordering::Relaxed);
+        Ok(fl_mt(f))
+    }
+
+    #[inline]
+    fn free_claimed(&self, idx: u32, order: u32, mt: usize) {
+        let z = self.zone_of(idx);
+        if !self.pcp.is_empty() && order <= PCP_MAX_ORDER && mt < MIGRATE_PCPTYPES {
+            let cpu = self.cpu();
+            if let Some(mut g) = self.pcp_of(z, cpu).try_lock() {
+                self.free_unref_page_commit(z, &mut g, idx, order, mt);
+                return;
+            }
+            self.events[cpu].inc(VmEvent::PcpTrylockFail);
+        }
+        let zone = &self.zones[z];
+        let mut zg = zone.lock();
+        let merge = !(order == 0 && self.cfg.merge == MergePolicy::Lazy);
+        zg.free_one(&self.mem, zone.span, idx, order, merge);
+        zg.events[VmEvent::PgFree as usize] += 1;
+    }
+
+    #[inline]
+    fn free_unref_page_commit(&self, z: usize, g: &mut PcpGuard<'_>, idx: u32, order: u32, mt: usize) {
+        let o = order as usize;
+        if g.lists[o][mt].is_full() {
+            let b = g.batch;
+            self.free_pcppages_bulk(z, g, b);
+        }
+        g.lists[o][mt].push(idx);
+        g.count += 1 << order;
+        g.events[VmEvent::PgFree as usize] += 1;
+        g.free_count = g.free_count.saturating_add(1 << order);
+        if g.count >= g.high {
+            let high = self.nr_pcp_high(z, g);
+            if g.count >= high {
+                let to_free = (g.count - high + g.batch).min(g.count);
+                self.free_pcppages_bulk(z, g, to_free);
+            }
+        }
+    }
+
+    /// The `high` to enforce now; auto-tuning adjusts it (Linux 6.7's `nr_pcp_high`).
+    #[inline]
+    fn nr_pcp_high(&self, z: usize, g: &mut PcpGuard<'_>) -> u32 {
+        if self.cfg.pcp_high == PcpHighPolicy::Fixed {
+            return g.high;
+        }
+        if self.zones[z].below_high() {
+            let new = g.high.saturating_sub(g.batch).max(g.high_min);
+            if new < g.high {
+                g.events[VmEvent::PcpHighShrink as usize] += 1;
+            }
+            g.high = new;
+        } else if g.free_count >= g.batch {
+            let new = (g.high + g.batch).min(g.high_max);
+            if new > g.high {
+                g.events[VmEvent::PcpHighGrow as usize] += 1;
+            }
+            g.high = new;
+        }
+        g.high
+    }
+
+    /// Frees `to_free` pages from the cold ends of a CPU's lists to the zone
+    /// (Linux's `free_pcppages_bulk`), in chunks of up to 128 entries, one zone
+    /// lock hold per chunk.
+    fn free_pcppages_bulk(&self, z: usize, g: &mut PcpGuard<'_>, to_free: u32) {
+        const CHUNK: usize = 128;
+        let zone = &self.zones[z];
+        let mut left = to_free.min(g.count);
+        let nlists = (PCP_ORDERS * MIGRATE_PCPTYPES) as u32;
+        while left > 0 {
+            // Gather a chunk of one (order, migratetype) list, round robin.
+            let mut buf = [0u32; CHUNK];
+            let mut n = 0usize;
+            let mut order = 0;
+            for step in 0..nlists {
+                let li = (g.drain_rr + step) % nlists;
+                let (o, mt) = ((li as usize) / MIGRATE_PCPTYPES, (li as usize) % MIGRATE_PCPTYPES);
+                if g.lists[o][mt].len() == 0 {
+                    continue;
+                }
+                order = o as u32;
+                let g = &mut **g;
+                let list = &mut g.lists[o][mt];
+                while n < CHUNK && left > 0 {
+                    match list.pop_cold() {
+                        Some(idx) => {
+                            buf[n] = idx;
+                            n += 1;
+                            left = left.saturating_sub(1 << o);
+                            g.count -= 1 << o;
+                        }
+                        None => break,
+                    }
+                }
+                g.drain_rr = li + 1;
+                break;
+            }
+            if n == 0 {
+                break;
+            }
+            let chunk = &mut buf[..n];
+            let cluster = self.cfg.refill == RefillPolicy::Cluster;
+            if cluster {
+                chunk.sort_unstable();
+            }
+            let lazy0 = order == 0 && self.cfg.merge == MergePolicy::Lazy;
+            let mut zg = zone.lock();
+            if cluster {
+                // Free aligned contiguous runs as whole blocks: one head written per run.
+                let mut i = 0;
+                while i < n {
+                    let x = chunk[i];
+                    let mut k = order;
+                    while k < MAX_ORDER
+                        && x & ((2 << k) - 1) == 0
+                        && i + ((2usize << k) >> order) <= n
+                        && chunk[i + ((2usize << k) >> order) - 1] == x + (2 << k) - (1 << order)
+                    {
+                        k += 1;
+                    }
+                    zg.free_one(&self.mem, zone.span, x, k, !(lazy0 && k == 0));
+                    i += (1usize << k) >> order;
+                }
+            } else {
+                for &x in chunk.iter() {
+                    zg.free_one(&self.mem, zone.span, x, order, !lazy0);
+                }
+            }
+            drop(zg);
+            g.events[VmEvent::PcpDrain as usize] += 1;
+            g.events[VmEvent::PcpDrainPages as usize] += (n as u64) << order;
+        }
+    }
+
+    /// Flushes every CPU's lists to the buddy lists (Linux's `drain_all_pages`).
+    pub fn drain_all_pages(&self) {
+        if self.pcp.is_empty() {
+            return;
+        }
+        self.events[self.cpu()].inc(VmEvent::DrainAll);
+        for z in 0..self.zones.len() {
+            for cpu in 0..self.ncpu {
+                let mut g = self.pcp_of(z, cpu).lock(P::relax);
+                let c = g.count;
+                self.free_pcppages_bulk(z, &mut g, c);
+            }
+        }
+    }
+
+    /// Merges every lazily freed order-0 page (merge on demand).
+    pub fn merge_all(&self) {
+        for z in self.zones.iter() {
+            let mut g = z.lock();
+            if g.nr_unmerged > 0 {
+                g.merge_all(&self.mem, z.span);
+            }
+        }
+    }
+
+    /// Auto-tuning decay, run about once a second by the environment (Linux's
+    /// `decay_pcp_high` from the vmstat worker): lowers `high` by 1/8 towards
+    /// `high_min` and frees what is above it.
+    pub fn decay_pcp_high(&self) {
+        if self.cfg.pcp_high != PcpHighPolicy::Auto {
+            return;
+        }
+        for z in 0..self.zones.len() {
+            for cpu in 0..self.ncpu {
+                let Some(mut g) = self.pcp_of(z, cpu).try_lock() else {
+                    continue;
+                };
+                if g.high > g.high_min {
+                    let new = g
+                        .count
+                        .saturating_sub(g.batch << 5)
+                        .max(g.high - g.high / 8)
+                        .max(g.high_min);
+                    if new < g.high {
+                        g.events[VmEvent::PcpHighShrink as usize] += 1;
+                    }
+                    g.high = new;
+                }
+                if g.count > g.high {
+                    let n = g.count - g.high;
+                    self.free_pcppages_bulk(z, &mut g, n);
+                }
+                g.free_count = 0;
+            }
+        }
+    }
+
+    /// Allocatable pages: on buddy lists and on per-CPU lists.
+    pub fn nr_free_pages(&self) -> u64 {
+        let buddy: u64 = self
+            .zones
+            .iter()
+            .map(|z| z.nr_free_mirror.load(Ordering::Relaxed))
+            .sum();
+        let pcp: u64 = self
+            .pcp
+            .iter()
+            .map(|p| p.count_mirror.load(Ordering::Relaxed) as u64)
+            .sum();
+        buddy + pcp
+    }
+
+    /// Folded event counters.
+    pub fn vm_events(&self) -> VmEvents {
+        let mut ev = VmEvents::default();
+        for e in self.events.iter() {
+            e.fold_into(&mut ev);
+        }
+        for z in self.zones.iter() {
+            ev.add(&z.lock().events);
+        }
+        for p in self.pcp.iter() {
+            ev.add(&p.lock(P::relax).events);
+        }
+        ev
+    }
+
+    /// Zone lock statistics, summed over zones.
+    pub fn zone_lock_stats(&self) -> LockStats {
+        let mut s = LockStats::default();
+        for z in self.zones.iter() {
+            let g = z.lock();
+            s.add(&g.lock_stats);
+        }
+        s
+    }
+
+    /// Clears every event counter and lock statistic.
+    pub fn reset_stats(&self) {
+        for e in self.events.iter() {
+            e.reset();
+        }
+        for z in self.zones.iter() {
+            let mut g = z.lock();
+            g.events = [0; crate::stat::NR_VM_EVENTS];
+            g.lock_stats = LockStats::default();
+        }
+        for p in self.pcp.iter() {
+            p.lock(P::relax).events = [0; crate::stat::NR_VM_EVENTS];
+        }
+    }
+
+    /// A snapshot of every zone.
+    pub fn zone_info(&self) -> Vec<ZoneInfo> {
+        let mut out = Vec::new();
+        for (zi, z) in self.zones.iter().enumerate() {
+            let mut pcp_high = Vec::new();
+            let mut nr_pcp = 0u64;
+            for cpu in 0..self.ncpu.min(self.pcp.len()) {
+                let g = self.pcp_of(zi, cpu).lock(P::relax);
+                pcp_high.push((g.high, g.count));
+                nr_pcp += g.count as u64;
+            }
+            let g = z.lock();
+            let mut free_blocks = [[0u64; MIGRATE_TYPES]; NR_ORDERS];
+            for (o, row) in free_blocks.iter_mut().enumerate() {
+                for (mt, c) in row.iter_mut().enumerate() {
+                    *c = g.free_area[o][mt].nr;
+                }
+            }
+            let mut pageblocks = [0u64; MIGRATE_TYPES];
+            let mut pb = z.span.start;
+            while pb < z.span.end {
+                pageblocks[self.mem.pageblock_mt(pb)] += 1;
+                pb += PAGEBLOCK_NR_PAGES as u32;
+            }
+            out.push(ZoneInfo {
+                name: z.name,
+                start_pfn: z.span.start as u64,
+                spanned: (z.span.end - z.span.start) as u64,
+                managed: z.managed,
+                wmark: z.wmark,
+                nr_free: g.nr_free,
+                nr_pcp,
+                nr_unmerged: g.nr_unmerged,
+                free_blocks,
+                pageblocks,
+                lock: g.lock_stats,
+                pcp_high,
+            });
+        }
+        out
+    }
+
+    /// Walks every list and descriptor and verifies the invariants (see `zone`).
+    pub fn check(&self) -> Result<(), String> {
+        let mut cover = vec![0u8; self.nr_pages as usize];
+        let mem = &self.mem;
+        for (zi, z) in self.zones.iter().enumerate() {
+            let pcps: Vec<PcpGuard<'_>> = (0..if self.pcp.is_empty() { 0 } else { self.ncpu })
+                .map(|cpu| self.pcp_of(zi, cpu).lock(P::relax))
+                .collect();
+            let g = z.lock();
+            let mut total = 0u64;
+            let mut unmerged = 0u64;
+            for o in 0..NR_ORDERS {
+                for mt in 0..MIGRATE_TYPES {
+                    let l = &g.free_area[o][mt];
+                    let (mut i, mut prev, mut n) = (l.head, crate::page::NIL, 0u64);
+                    while i != crate::page::NIL {
+                        if i < z.span.start || i >= z.span.end {
+                            return Err(format!("free list order {o} {mt}: index {i} outside zone"));
+                        }
+                        let p = mem.page(i);
+                        let f = p.raw_flags();
+                        if fl_state(f) != PageState::Buddy as u32 || fl_order(f) as usize != o || fl_mt(f) != mt {
+                            return Err(format!(
+                                "pfn {i} on free list order {o} type {mt} has flags {f:#x}"
+                            ));
+                        }
+                        if p.prev() != prev {
+                            return Err(format!("pfn {i}: broken prev link on list order {o} type {mt}"));
+                        }
+                        if i & ((1 << o) - 1) != 0 || i + (1 << o) > z.span.end {
+                            return Err(format!("pfn {i}: misaligned or overhanging order-{o} free block"));
+                        }
+                        if f & PG_MERGE_SKIPPED != 0 {
+                            unmerged += 1;
+                        }
+                        cover_block(&mut cover, mem, i, o as u32, "free block")?;
+                        if self.cfg.merge == MergePolicy::Eager && (o as u32) < MAX_ORDER {
+                            let b = i ^ (1 << o);
+                            if b >= z.span.start && b + (1 << o) <= z.span.end {
+                                let bf = mem.page(b).raw_flags();
+                                if fl_state(bf) == PageState::Buddy as u32 && fl_order(bf) as usize == o {
+                                    return Err(format!("pfn {i} and its buddy {b} are both free at order {o} under eager merging"));
+                                }
+                            }
+                        }
+                        n += 1;
+                        total += 1 << o;
+                        prev = i;
+                        i = p.next();
+                        if n > self.nr_pages {
+                            return Err(format!("free list order {o} type {mt} has a cycle"));
+                        }
+                    }
+                    if n != l.nr {
+                        return Err(format!("free list order {o} type {mt}: counted {n}, recorded {}", l.nr));
+                    }
+                    if l.tail != prev {
+                        return Err(format!("free list order {o} type {mt}: tail mismatch"));
+                    }
+                }
+            }
+            if total != g.nr_free {
+                return Err(format!("zone {}: lists hold {total} pages, nr_free says {}", z.name, g.nr_free));
+            }
+            if unmerged != g.nr_unmerged {
+                return Err(format!("zone {}: {unmerged} merge-skipped pages, nr_unmerged says {}", z.name, g.nr_unmerged));
+            }
+            for (cpu, pg) in pcps.iter().enumerate() {
+                let mut count = 0u32;
+                for o in 0..PCP_ORDERS {
+                    for mt in 0..MIGRATE_PCPTYPES {
+                        for i in pg.lists[o][mt].iter() {
+                            if i < z.span.start || i >= z.span.end || i & ((1 << o) - 1) != 0 {
+                                return Err(format!("cpu {cpu} list order {o}: bad entry {i}"));
+                            }
+                            if mem.page(i).raw_flags() != 0 {
+                                return Err(format!("cpu {cpu} list order {o}: pfn {i} has flags {:#x}", mem.page(i).raw_flags()));
+                            }
+                            cover_block(&mut cover, mem, i, o as u32, "per-CPU entry")?;
+                            count += 1 << o;
+                        }
+                    }
+                }
+                if count != pg.count {
+                    return Err(format!("cpu {cpu}: lists hold {count} pages, count says {}", pg.count));
+                }
+                if pg.high < pg.high_min || pg.high > pg.high_max {
+                    return Err(format!("cpu {cpu}: high {} outside [{}, {}]", pg.high, pg.high_min, pg.high_max));
+                }
+            }
+            drop(g);
+            drop(pcps);
+        }
+        // Allocated and reserved pages, and nothing left over.
+        let mut i = 0u32;
+        while (i as u64) < self.nr_pages {
+            let f = mem.page(i).raw_flags();
+            match fl_state(f) {
+                s if s == PageState::Alloc as u32 => {
+                    let o = fl_order(f);
+                    if i & ((1 << o) - 1) != 0 {
+                        return Err(format!("allocated pfn {i} misaligned for order {o}"));
+                    }
+                    cover_block(&mut cover, mem, i, o, "allocated block")?;
+                    i += 1 << o;
+                    continue;
+                }
+                s if s == PageState::Reserved as u32 => {
+                    if cover[i as usize] != 0 {
+                        return Err(format!("reserved pfn {i} also on a list"));
+                    }
+                    cover[i as usize] = 1;
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+        if let Some(p) = cover.iter().position(|&c| c != 1) {
+            return Err(format!("pfn {p} is neither free, allocated nor reserved (flags {:#x})", mem.page(p as u32).raw_flags()));
+        }
+        Ok(())
+    }
+}
+
+/// Marks the pages of a block as covered; its interior descriptors must be `None`.
+fn cover_block(cover: &mut [u8], mem: &MemMap, i: u32, order: u32, what: &str) -> Result<(), String> {
+    let end = i as usize + (1usize << order);
+    if end > cover.len() {
+        return Err(format!("{what} at pfn {i} order {order} overhangs the memmap"));
+    }
+    for (j, c) in cover[i as usize..end].iter_mut().enumerate() {
+        if *c != 0 {
+            return Err(format!("pfn {} covered twice ({what} at {i} order {order})", i as usize + j));
+        }
+        *c = 1;
+        if j > 0 {
+            let f = mem.page(i + j as u32).raw_flags();
+            if f & 0xffff != 0 {
+                return Err(format!("interior pfn {} of {what} at {i} has flags {f:#x}", i as usize + j));
+            }
+        }
+    }
+    Ok(())
+}
+
+// The pageblock order must let a pageblock hold whole per-CPU blocks.
+const _: () = assert!(PAGEBLOCK_ORDER > PCP_MAX_ORDER);

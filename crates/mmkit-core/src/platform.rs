@@ -1,0 +1,74 @@
+//! The boundary to the environment: what the core needs from whoever embeds it.
+//!
+//! The core has no threads, no clock and no notion of "the current CPU". A kernel,
+//! a hypervisor or the std runtime (`mmkit`) supplies them by implementing
+//! [`Platform`]: the current CPU id, a monotonic clock for lock statistics, a
+//! pause hint for spinning, and the raw lock type used for zone locks (a kernel
+//! plugs in its spinlock; the std runtime a spin-then-park mutex).
+//!
+//! Also here: the small per-CPU list lock ([`PcpLock`]), a test-and-set word that
+//! the owner takes with `try_lock` (never waits: on failure the caller goes to the
+//! zone directly, as Linux's `pcp_spin_trylock` does) and a remote drainer takes by
+//! spinning.
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicBool, Ordering};
+#[cfg(not(loom))]
+pub(crate) use core::sync::atomic::{AtomicBool, Ordering};
+
+/// What the environment provides to the core.
+pub trait Platform: 'static {
+    /// The raw lock protecting a zone's free lists.
+    type ZoneLock: lock_api::RawMutex + Send + Sync;
+    /// The CPU the caller runs on now (any value; the core reduces it modulo the
+    /// number of per-CPU slots). A thread may migrate right after reading it; the
+    /// per-CPU lists are protected by their own lock, so this only affects locality.
+    fn cpu_id() -> usize;
+    /// Monotonic nanoseconds, for lock wait statistics (only read on contention).
+    fn now_ns() -> u64;
+    /// Called while spinning for a per-CPU list held by another thread.
+    fn relax() {
+        core::hint::spin_loop()
+    }
+}
+
+/// Lock of one per-CPU page list set.
+pub struct PcpLock {
+    locked: AtomicBool,
+}
+
+impl Default for PcpLock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PcpLock {
+    /// An unlocked lock.
+    pub fn new() -> Self {
+        PcpLock {
+            locked: AtomicBool::new(false),
+        }
+    }
+    /// Takes the lock if free.
+    #[inline]
+    pub fn try_lock(&self) -> bool {
+        self.locked
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+    /// Takes the lock, calling `relax` while another holder has it.
+    #[inline]
+    pub fn lock(&self, relax: impl Fn()) {
+        while !self.try_lock() {
+            while self.locked.load(Ordering::Relaxed) {
+                relax();
+            }
+        }
+    }
+    /// Releases the lock.
+    #[inline]
+    pub fn unlock(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+}

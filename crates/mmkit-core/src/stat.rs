@@ -1,0 +1,164 @@
+//! vmstat-style event counters and lock statistics.
+//!
+//! Counters live where they are cheapest to bump: per CPU inside the per-CPU page
+//! set (written only under that set's lock, so a plain add), per zone (written only
+//! under the zone lock), and a lock-free per-CPU array for events that happen under
+//! neither lock (refused frees, allocation failures). A read folds all of them, as
+//! Linux folds its per-CPU vmstat differentials.
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! vm_events {
+    ($( $(#[$m:meta])* $v:ident = $name:literal ),* $(,)?) => {
+        /// One vmstat event counter.
+        #[derive(Copy, Clone, PartialEq, Eq, Debug, Hash)]
+        #[repr(usize)]
+        pub enum VmEvent { $( $(#[$m])* $v ),* }
+        impl VmEvent {
+            /// Every event in display order.
+            pub const ALL: &'static [VmEvent] = &[$(VmEvent::$v),*];
+            /// The name shown in the vmstat view.
+            pub const fn name(self) -> &'static str {
+                match self { $(VmEvent::$v => $name),* }
+            }
+        }
+    };
+}
+
+vm_events! {
+    /// Blocks allocated (any order).
+    PgAlloc = "pgalloc",
+    /// Blocks freed (any order).
+    PgFree = "pgfree",
+    /// Allocations served from a per-CPU list.
+    PcpAllocHit = "pcp_alloc_hit",
+    /// Per-CPU list refills from the buddy lists (one per zone-lock hold).
+    PcpRefill = "pcp_refill",
+    /// Pages moved into per-CPU lists by refills.
+    PcpRefillPages = "pcp_refill_pages",
+    /// Per-CPU list drains to the buddy lists (one per zone-lock hold).
+    PcpDrain = "pcp_drain",
+    /// Pages moved from per-CPU lists to the buddy lists.
+    PcpDrainPages = "pcp_drain_pages",
+    /// Per-CPU lock found taken (thread preempted or remote drain): zone used directly.
+    PcpTrylockFail = "pcp_trylock_fail",
+    /// Buddy merges done on free.
+    MergeDone = "merge_done",
+    /// Order-0 frees that skipped the merge (lazy merging).
+    MergeSkipped = "merge_skipped",
+    /// Merge-on-demand passes over lazily freed pages.
+    MergeOnDemand = "merge_on_demand",
+    /// Allocations that fell back to another migratetype.
+    AllocFallback = "alloc_fallback",
+    /// Fallbacks that stole a whole pageblock.
+    AllocSteal = "alloc_steal",
+    /// Pageblocks reserved for high-order atomic allocations.
+    HighAtomicReserve = "highatomic_reserve",
+    /// High-atomic pageblocks given back in the slow path.
+    HighAtomicUnreserve = "highatomic_unreserve",
+    /// Fast-path attempts refused by the low watermark.
+    WmarkLowFail = "wmark_low_fail",
+    /// Slow-path attempts refused by the min watermark.
+    WmarkMinFail = "wmark_min_fail",
+    /// Entries into the allocation slow path.
+    AllocSlowpath = "alloc_slowpath",
+    /// Drains of every CPU's lists from the slow path.
+    DrainAll = "drain_all_pages",
+    /// Allocations that failed with no memory.
+    AllocFail = "alloc_fail",
+    /// Frees refused as bad input.
+    FreeInvalid = "free_invalid",
+    /// Per-CPU `high` raised by auto-tuning.
+    PcpHighGrow = "pcp_high_grow",
+    /// Per-CPU `high` lowered by auto-tuning (decay or zone pressure).
+    PcpHighShrink = "pcp_high_shrink",
+}
+
+/// Number of vmstat events.
+pub const NR_VM_EVENTS: usize = VmEvent::ALL.len();
+
+/// Folded event counters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VmEvents(pub [u64; NR_VM_EVENTS]);
+
+impl Default for VmEvents {
+    fn default() -> Self {
+        VmEvents([0; NR_VM_EVENTS])
+    }
+}
+
+impl VmEvents {
+    /// The value of one event.
+    pub fn get(&self, e: VmEvent) -> u64 {
+        self.0[e as usize]
+    }
+    /// (name, value) pairs in display order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        VmEvent::ALL.iter().map(|e| (e.name(), self.0[*e as usize]))
+    }
+    pub(crate) fn add(&mut self, other: &[u64; NR_VM_EVENTS]) {
+        for (a, b) in self.0.iter_mut().zip(other) {
+            *a += *b;
+        }
+    }
+}
+
+/// Lock-free per-CPU counters, for events outside any lock. Cache-line padded.
+#[repr(align(128))]
+pub(crate) struct AtomicEvents(pub [AtomicU64; NR_VM_EVENTS]);
+
+impl AtomicEvents {
+    pub(crate) fn new() -> Self {
+        AtomicEvents(core::array::from_fn(|_| AtomicU64::new(0)))
+    }
+    #[inline]
+    pub(crate) fn inc(&self, e: VmEvent) {
+        self.0[e as usize].fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn fold_into(&self, out: &mut VmEvents) {
+        for (a, b) in out.0.iter_mut().zip(self.0.iter()) {
+            *a += b.load(Ordering::Relaxed);
+        }
+    }
+    pub(crate) fn reset(&self) {
+        for c in self.0.iter() {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Statistics of one lock: how often it was taken, how often the taker found it
+/// held, and how long takers waited in total.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct LockStats {
+    /// Acquisitions.
+    pub acquisitions: u64,
+    /// Acquisitions that found the lock held and had to wait.
+    pub contended: u64,
+    /// Total time spent waiting, in nanoseconds.
+    pub wait_ns: u64,
+}
+
+impl LockStats {
+    /// The change from an `earlier` snapshot to this one.
+    pub fn since(&self, earlier: &LockStats) -> LockStats {
+        LockStats {
+            acquisitions: self.acquisitions.saturating_sub(earlier.acquisitions),
+            contended: self.contended.saturating_sub(earlier.contended),
+            wait_ns: self.wait_ns.saturating_sub(earlier.wait_ns),
+        }
+    }
+    /// Contended acquisitions in percent of all acquisitions (0 when none).
+    pub fn contended_pct(&self) -> f64 {
+        if self.acquisitions == 0 {
+            0.0
+        } else {
+            self.contended as f64 * 100.0 / self.acquisitions as f64
+        }
+    }
+    pub(crate) fn add(&mut self, o: &LockStats) {
+        self.acquisitions += o.acquisitions;
+        self.contended += o.contended;
+        self.wait_ns += o.wait_ns;
+    }
+}

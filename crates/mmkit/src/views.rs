@@ -1,0 +1,81 @@
+//! Text views shaped like `/proc/buddyinfo`, `/proc/pagetypeinfo` and `/proc/vmstat`.
+
+use std::fmt::Write;
+
+use crate::{MigrateType, Mm};
+use mmkit_core::{MIGRATE_TYPES, NR_ORDERS, PAGEBLOCK_ORDER};
+
+impl Mm {
+    /// Free blocks per order, per zone, as `/proc/buddyinfo`.
+    pub fn buddyinfo(&self) -> String {
+        let mut s = String::new();
+        for z in self.zone_info() {
+            let _ = write!(s, "Node 0, zone {:>8}", z.name);
+            for o in 0..NR_ORDERS {
+                let _ = write!(s, " {:>6}", z.free_blocks[o].iter().sum::<u64>());
+            }
+            s.push('\n');
+        }
+        s
+    }
+
+    /// Free blocks per order and migratetype, and pageblocks per migratetype, as
+    /// `/proc/pagetypeinfo`.
+    pub fn pagetypeinfo(&self) -> String {
+        let zones = self.zone_info();
+        let mut s = String::new();
+        let _ = writeln!(s, "Page block order: {PAGEBLOCK_ORDER}");
+        let _ = writeln!(s, "Pages per block:  {}\n", 1u32 << PAGEBLOCK_ORDER);
+        let _ = write!(s, "{:<44}", "Free pages count per migrate type at order");
+        for o in 0..NR_ORDERS {
+            let _ = write!(s, " {o:>6}");
+        }
+        s.push('\n');
+        for z in &zones {
+            for mt in 0..MIGRATE_TYPES {
+                let _ = write!(s, "Node    0, zone {:>8}, type {:>12}", z.name, MigrateType::from_index(mt).name());
+                for o in 0..NR_ORDERS {
+                    let _ = write!(s, " {:>6}", z.free_blocks[o][mt]);
+                }
+                s.push('\n');
+            }
+        }
+        let _ = write!(s, "\n{:<24}", "Number of blocks type");
+        for mt in 0..MIGRATE_TYPES {
+            let _ = write!(s, " {:>12}", MigrateType::from_index(mt).name());
+        }
+        s.push('\n');
+        for z in &zones {
+            let _ = write!(s, "Node 0, zone {:>8}   ", z.name);
+            for mt in 0..MIGRATE_TYPES {
+                let _ = write!(s, " {:>12}", z.pageblocks[mt]);
+            }
+            s.push('\n');
+        }
+        s
+    }
+
+    /// Counters as `/proc/vmstat` (`name value` lines), plus zone and lock state.
+    pub fn vmstat(&self) -> String {
+        let mut s = String::new();
+        let zones = self.zone_info();
+        let _ = writeln!(s, "nr_free_pages {}", zones.iter().map(|z| z.nr_free + z.nr_pcp).sum::<u64>());
+        let _ = writeln!(s, "nr_free_buddy {}", zones.iter().map(|z| z.nr_free).sum::<u64>());
+        let _ = writeln!(s, "nr_free_pcp {}", zones.iter().map(|z| z.nr_pcp).sum::<u64>());
+        let _ = writeln!(s, "nr_unmerged {}", zones.iter().map(|z| z.nr_unmerged).sum::<u64>());
+        let _ = writeln!(s, "nr_managed {}", zones.iter().map(|z| z.managed).sum::<u64>());
+        for (name, v) in self.vm_events().iter() {
+            let _ = writeln!(s, "{name} {v}");
+        }
+        for z in &zones {
+            let n = z.name.to_ascii_lowercase();
+            let _ = writeln!(s, "zone_{n}_wmark_min {}", z.wmark[0]);
+            let _ = writeln!(s, "zone_{n}_wmark_low {}", z.wmark[1]);
+            let _ = writeln!(s, "zone_{n}_wmark_high {}", z.wmark[2]);
+            let _ = writeln!(s, "zone_{n}_lock_acquisitions {}", z.lock.acquisitions);
+            let _ = writeln!(s, "zone_{n}_lock_contended {}", z.lock.contended);
+            let _ = writeln!(s, "zone_{n}_lock_wait_ns {}", z.lock.wait_ns);
+        }
+        s
+    }
+}
