@@ -24,8 +24,7 @@ impl Gfp {
     /// Unmovable kernel allocation that may reclaim; never below the min watermark.
     pub const KERNEL: Gfp = Gfp(GFP_DIRECT_RECLAIM_BIT | GFP_KSWAPD_RECLAIM_BIT);
     /// Movable (user) allocation that may reclaim (Linux's GFP_HIGHUSER_MOVABLE).
-    pub const MOVABLE: Gfp =
-        Gfp(GFP_MOVABLE_BIT | GFP_DIRECT_RECLAIM_BIT | GFP_KSWAPD_RECLAIM_BIT);
+    pub const MOVABLE: Gfp = Gfp(GFP_MOVABLE_BIT | GFP_DIRECT_RECLAIM_BIT | GFP_KSWAPD_RECLAIM_BIT);
     /// Reclaimable (cache-like) kernel allocation.
     pub const RECLAIMABLE: Gfp =
         Gfp(GFP_RECLAIMABLE_BIT | GFP_DIRECT_RECLAIM_BIT | GFP_KSWAPD_RECLAIM_BIT);
@@ -128,9 +127,18 @@ impl MigrateType {
 
 /// Fallback order when a migratetype's lists are empty (Linux's `fallbacks[]`).
 pub(crate) const FALLBACKS: [[usize; 2]; MIGRATE_PCPTYPES] = [
-    [MigrateType::Reclaimable as usize, MigrateType::Movable as usize],
-    [MigrateType::Reclaimable as usize, MigrateType::Unmovable as usize],
-    [MigrateType::Unmovable as usize, MigrateType::Movable as usize],
+    [
+        MigrateType::Reclaimable as usize,
+        MigrateType::Movable as usize,
+    ],
+    [
+        MigrateType::Reclaimable as usize,
+        MigrateType::Unmovable as usize,
+    ],
+    [
+        MigrateType::Unmovable as usize,
+        MigrateType::Movable as usize,
+    ],
 ];
 
 /// Watermark index into a zone's watermarks; the low bits of `alloc_flags`.

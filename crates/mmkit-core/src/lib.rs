@@ -11,11 +11,11 @@
 
 extern crate alloc;
 
-mod page_alloc;
 pub mod clear;
 pub mod config;
 pub mod gfp;
 pub mod page;
+mod page_alloc;
 pub mod pcp;
 pub mod platform;
 pub mod stat;
@@ -24,6 +24,9 @@ pub mod zone;
 pub use crate::page_alloc::{AllocError, FreeError, NoHooks, PageAlloc, SlowPathHooks, ZoneInfo};
 pub use config::{Config, MergePolicy, PcpHighPolicy, PcpPolicy, RefillPolicy};
 pub use gfp::{AllocContext, Gfp, MigrateType, MIGRATE_PCPTYPES, MIGRATE_TYPES};
-pub use page::{Page, PageState, Pfn, MAX_ORDER, NR_ORDERS, PAGEBLOCK_NR_PAGES, PAGEBLOCK_ORDER, PAGE_SHIFT, PAGE_SIZE};
+pub use page::{
+    Page, PageState, Pfn, MAX_ORDER, NR_ORDERS, PAGEBLOCK_NR_PAGES, PAGEBLOCK_ORDER, PAGE_SHIFT,
+    PAGE_SIZE,
+};
 pub use platform::{PcpLock, Platform};
 pub use stat::{LockStats, VmEvent, VmEvents, NR_VM_EVENTS};

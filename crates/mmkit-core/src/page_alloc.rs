@@ -26,7 +26,9 @@ use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU8, Ordering};
 
 use crate::config::{Config, MergePolicy, PcpHighPolicy, PcpPolicy, RefillPolicy};
-use crate::gfp::{AllocContext, Gfp, MigrateType, ALLOC_HARDER, ALLOC_WMARK_LOW, MIGRATE_PCPTYPES, MIGRATE_TYPES};
+use crate::gfp::{
+    AllocContext, Gfp, MigrateType, ALLOC_HARDER, ALLOC_WMARK_LOW, MIGRATE_PCPTYPES, MIGRATE_TYPES,
+};
 use crate::page::{
     fl_mt, fl_order, fl_state, mk_flags, Page, PageState, Pfn, MAX_ORDER, NR_ORDERS,
     PAGEBLOCK_NR_PAGES, PAGEBLOCK_ORDER, PG_MERGE_SKIPPED,
@@ -160,7 +162,10 @@ impl<P: Platform> PageAlloc<P> {
             end: nr_pages as u32,
         };
         let zone = Zone::<P>::new("Normal", span, nr_pages);
-        let batch = cfg.pcp_batch.unwrap_or_else(|| zone_batchsize(nr_pages)).max(1);
+        let batch = cfg
+            .pcp_batch
+            .unwrap_or_else(|| zone_batchsize(nr_pages))
+            .max(1);
         let high_min = 6 * batch;
         let high_max = match cfg.pcp_high {
             PcpHighPolicy::Fixed => high_min,
@@ -170,7 +175,11 @@ impl<P: Platform> PageAlloc<P> {
         };
         let ncpu = cfg.nr_cpus;
         let zones: Box<[Zone<P>]> = alloc::vec![zone].into_boxed_slice();
-        let pcp_count = if cfg.pcp == PcpPolicy::On { ncpu * zones.len() } else { 0 };
+        let pcp_count = if cfg.pcp == PcpPolicy::On {
+            ncpu * zones.len()
+        } else {
+            0
+        };
         let pcp: Box<[PerCpuPages]> = (0..pcp_count)
             .map(|_| PerCpuPages::new(batch, high_min, high_max))
             .collect();
@@ -186,7 +195,12 @@ impl<P: Platform> PageAlloc<P> {
         };
         for z in pa.zones.iter() {
             let mut g = z.lock();
-            g.free_range_unmerged(&pa.mem, z.span.start, z.span.end, MigrateType::Movable as usize);
+            g.free_range_unmerged(
+                &pa.mem,
+                z.span.start,
+                z.span.end,
+                MigrateType::Movable as usize,
+            );
             g.lock_stats = LockStats::default();
         }
         Ok(pa)
@@ -240,7 +254,12 @@ impl<P: Platform> PageAlloc<P> {
 
     /// Allocates a block of 2^order pages.
     #[inline]
-    pub fn alloc_pages(&self, gfp: Gfp, order: u32, hooks: &impl SlowPathHooks) -> Result<Pfn, AllocError> {
+    pub fn alloc_pages(
+        &self,
+        gfp: Gfp,
+        order: u32,
+        hooks: &impl SlowPathHooks,
+    ) -> Result<Pfn, AllocError> {
         if order > MAX_ORDER {
             return Err(AllocError::InvalidOrder);
         }
@@ -255,13 +274,20 @@ impl<P: Platform> PageAlloc<P> {
     fn prep_new_page(&self, idx: u32, order: u32, mt: usize) -> Pfn {
         let p = self.mem.page(idx);
         p.refcount.store(1, Ordering::Relaxed);
-        p.flags
-            .store(mk_flags(PageState::Alloc, order, mt as u32), Ordering::Release);
+        p.flags.store(
+            mk_flags(PageState::Alloc, order, mt as u32),
+            Ordering::Release,
+        );
         Pfn::new(idx as u64)
     }
 
     #[inline]
-    fn get_page_from_freelist(&self, order: u32, alloc_flags: u32, ac: &AllocContext) -> Option<u32> {
+    fn get_page_from_freelist(
+        &self,
+        order: u32,
+        alloc_flags: u32,
+        ac: &AllocContext,
+    ) -> Option<u32> {
         for z in 0..self.zones.len() {
             if let Some(idx) = self.rmqueue(z, order, alloc_flags, ac) {
                 return Some(idx);
@@ -283,7 +309,14 @@ impl<P: Platform> PageAlloc<P> {
     }
 
     #[inline]
-    fn rmqueue_pcplist(&self, z: usize, g: &mut PcpGuard<'_>, order: u32, mt: usize, alloc_flags: u32) -> Option<u32> {
+    fn rmqueue_pcplist(
+        &self,
+        z: usize,
+        g: &mut PcpGuard<'_>,
+        order: u32,
+        mt: usize,
+        alloc_flags: u32,
+    ) -> Option<u32> {
         let o = order as usize;
         if g.lists[o][mt].len() == 0 && !self.pcp_refill(z, g, order, mt, alloc_flags) {
             return None;
@@ -298,7 +331,14 @@ impl<P: Platform> PageAlloc<P> {
 
     /// Refills one per-CPU list with a batch (Linux's `rmqueue_bulk`).
     #[cold]
-    fn pcp_refill(&self, z: usize, g: &mut PcpGuard<'_>, order: u32, mt: usize, alloc_flags: u32) -> bool {
+    fn pcp_refill(
+        &self,
+        z: usize,
+        g: &mut PcpGuard<'_>,
+        order: u32,
+        mt: usize,
+        alloc_flags: u32,
+    ) -> bool {
         let zone = &self.zones[z];
         if !zone.watermark_ok(order, alloc_flags) {
             g.events[VmEvent::WmarkLowFail as usize] += 1;
@@ -320,7 +360,9 @@ impl<P: Platform> PageAlloc<P> {
                 }
                 n
             }
-            RefillPolicy::Cluster => self.rmqueue_cluster(&mut zg, zone.span, order, mt, entries, list),
+            RefillPolicy::Cluster => {
+                self.rmqueue_cluster(&mut zg, zone.span, order, mt, entries, list)
+            }
         };
         drop(zg);
         g.count += n << order;
@@ -414,7 +456,12 @@ impl<P: Platform> PageAlloc<P> {
 
     #[cold]
     #[inline(never)]
-    fn alloc_slowpath(&self, order: u32, ac: &AllocContext, hooks: &impl SlowPathHooks) -> Result<Pfn, AllocError> {
+    fn alloc_slowpath(
+        &self,
+        order: u32,
+        ac: &AllocContext,
+        hooks: &impl SlowPathHooks,
+    ) -> Result<Pfn, AllocError> {
         let cpu = self.cpu();
         self.events[cpu].inc(VmEvent::AllocSlowpath);
         hooks.wake_kswapd(order);
@@ -432,7 +479,8 @@ impl<P: Platform> PageAlloc<P> {
         }
         if ac.gfp.can_direct_reclaim() {
             for _ in 0..4 {
-                let compacted = order > 0 && hooks.direct_compact(order, MigrateType::from_index(ac.mt));
+                let compacted =
+                    order > 0 && hooks.direct_compact(order, MigrateType::from_index(ac.mt));
                 let reclaimed = hooks.direct_reclaim(order) > 0;
                 if !compacted && !reclaimed {
                     break;
@@ -491,7 +539,9 @@ impl<P: Platform> PageAlloc<P> {
                 return Err(FreeError::NotAllocated);
             }
             if fl_order(f) != order {
-                return Err(FreeError::WrongOrder { allocated: fl_order(f) });
+                return Err(FreeError::WrongOrder {
+                    allocated: fl_order(f),
+                });
             }
             match page
                 .flags
@@ -524,7 +574,14 @@ impl<P: Platform> PageAlloc<P> {
     }
 
     #[inline]
-    fn free_unref_page_commit(&self, z: usize, g: &mut PcpGuard<'_>, idx: u32, order: u32, mt: usize) {
+    fn free_unref_page_commit(
+        &self,
+        z: usize,
+        g: &mut PcpGuard<'_>,
+        idx: u32,
+        order: u32,
+        mt: usize,
+    ) {
         let o = order as usize;
         if g.lists[o][mt].is_full() {
             let b = g.batch;
@@ -580,7 +637,10 @@ impl<P: Platform> PageAlloc<P> {
             let mut order = 0;
             for step in 0..nlists {
                 let li = (g.drain_rr + step) % nlists;
-                let (o, mt) = ((li as usize) / MIGRATE_PCPTYPES, (li as usize) % MIGRATE_PCPTYPES);
+                let (o, mt) = (
+                    (li as usize) / MIGRATE_PCPTYPES,
+                    (li as usize) % MIGRATE_PCPTYPES,
+                );
                 if g.lists[o][mt].len() == 0 {
                     continue;
                 }
@@ -809,20 +869,29 @@ impl<P: Platform> PageAlloc<P> {
                     let (mut i, mut prev, mut n) = (l.head, crate::page::NIL, 0u64);
                     while i != crate::page::NIL {
                         if i < z.span.start || i >= z.span.end {
-                            return Err(format!("free list order {o} {mt}: index {i} outside zone"));
+                            return Err(format!(
+                                "free list order {o} {mt}: index {i} outside zone"
+                            ));
                         }
                         let p = mem.page(i);
                         let f = p.raw_flags();
-                        if fl_state(f) != PageState::Buddy as u32 || fl_order(f) as usize != o || fl_mt(f) != mt {
+                        if fl_state(f) != PageState::Buddy as u32
+                            || fl_order(f) as usize != o
+                            || fl_mt(f) != mt
+                        {
                             return Err(format!(
                                 "pfn {i} on free list order {o} type {mt} has flags {f:#x}"
                             ));
                         }
                         if p.prev() != prev {
-                            return Err(format!("pfn {i}: broken prev link on list order {o} type {mt}"));
+                            return Err(format!(
+                                "pfn {i}: broken prev link on list order {o} type {mt}"
+                            ));
                         }
                         if i & ((1 << o) - 1) != 0 || i + (1 << o) > z.span.end {
-                            return Err(format!("pfn {i}: misaligned or overhanging order-{o} free block"));
+                            return Err(format!(
+                                "pfn {i}: misaligned or overhanging order-{o} free block"
+                            ));
                         }
                         if f & PG_MERGE_SKIPPED != 0 {
                             unmerged += 1;
@@ -832,7 +901,9 @@ impl<P: Platform> PageAlloc<P> {
                             let b = i ^ (1 << o);
                             if b >= z.span.start && b + (1 << o) <= z.span.end {
                                 let bf = mem.page(b).raw_flags();
-                                if fl_state(bf) == PageState::Buddy as u32 && fl_order(bf) as usize == o {
+                                if fl_state(bf) == PageState::Buddy as u32
+                                    && fl_order(bf) as usize == o
+                                {
                                     return Err(format!("pfn {i} and its buddy {b} are both free at order {o} under eager merging"));
                                 }
                             }
@@ -846,7 +917,10 @@ impl<P: Platform> PageAlloc<P> {
                         }
                     }
                     if n != l.nr {
-                        return Err(format!("free list order {o} type {mt}: counted {n}, recorded {}", l.nr));
+                        return Err(format!(
+                            "free list order {o} type {mt}: counted {n}, recorded {}",
+                            l.nr
+                        ));
                     }
                     if l.tail != prev {
                         return Err(format!("free list order {o} type {mt}: tail mismatch"));
@@ -854,10 +928,16 @@ impl<P: Platform> PageAlloc<P> {
                 }
             }
             if total != g.nr_free {
-                return Err(format!("zone {}: lists hold {total} pages, nr_free says {}", z.name, g.nr_free));
+                return Err(format!(
+                    "zone {}: lists hold {total} pages, nr_free says {}",
+                    z.name, g.nr_free
+                ));
             }
             if unmerged != g.nr_unmerged {
-                return Err(format!("zone {}: {unmerged} merge-skipped pages, nr_unmerged says {}", z.name, g.nr_unmerged));
+                return Err(format!(
+                    "zone {}: {unmerged} merge-skipped pages, nr_unmerged says {}",
+                    z.name, g.nr_unmerged
+                ));
             }
             for (cpu, pg) in pcps.iter().enumerate() {
                 let mut count = 0u32;
@@ -868,7 +948,10 @@ impl<P: Platform> PageAlloc<P> {
                                 return Err(format!("cpu {cpu} list order {o}: bad entry {i}"));
                             }
                             if mem.page(i).raw_flags() != 0 {
-                                return Err(format!("cpu {cpu} list order {o}: pfn {i} has flags {:#x}", mem.page(i).raw_flags()));
+                                return Err(format!(
+                                    "cpu {cpu} list order {o}: pfn {i} has flags {:#x}",
+                                    mem.page(i).raw_flags()
+                                ));
                             }
                             cover_block(&mut cover, mem, i, o as u32, "per-CPU entry")?;
                             count += 1 << o;
@@ -876,10 +959,16 @@ impl<P: Platform> PageAlloc<P> {
                     }
                 }
                 if count != pg.count {
-                    return Err(format!("cpu {cpu}: lists hold {count} pages, count says {}", pg.count));
+                    return Err(format!(
+                        "cpu {cpu}: lists hold {count} pages, count says {}",
+                        pg.count
+                    ));
                 }
                 if pg.high < pg.high_min || pg.high > pg.high_max {
-                    return Err(format!("cpu {cpu}: high {} outside [{}, {}]", pg.high, pg.high_min, pg.high_max));
+                    return Err(format!(
+                        "cpu {cpu}: high {} outside [{}, {}]",
+                        pg.high, pg.high_min, pg.high_max
+                    ));
                 }
             }
             drop(g);
@@ -910,27 +999,44 @@ impl<P: Platform> PageAlloc<P> {
             i += 1;
         }
         if let Some(p) = cover.iter().position(|&c| c != 1) {
-            return Err(format!("pfn {p} is neither free, allocated nor reserved (flags {:#x})", mem.page(p as u32).raw_flags()));
+            return Err(format!(
+                "pfn {p} is neither free, allocated nor reserved (flags {:#x})",
+                mem.page(p as u32).raw_flags()
+            ));
         }
         Ok(())
     }
 }
 
 /// Marks the pages of a block as covered; its interior descriptors must be `None`.
-fn cover_block(cover: &mut [u8], mem: &MemMap, i: u32, order: u32, what: &str) -> Result<(), String> {
+fn cover_block(
+    cover: &mut [u8],
+    mem: &MemMap,
+    i: u32,
+    order: u32,
+    what: &str,
+) -> Result<(), String> {
     let end = i as usize + (1usize << order);
     if end > cover.len() {
-        return Err(format!("{what} at pfn {i} order {order} overhangs the memmap"));
+        return Err(format!(
+            "{what} at pfn {i} order {order} overhangs the memmap"
+        ));
     }
     for (j, c) in cover[i as usize..end].iter_mut().enumerate() {
         if *c != 0 {
-            return Err(format!("pfn {} covered twice ({what} at {i} order {order})", i as usize + j));
+            return Err(format!(
+                "pfn {} covered twice ({what} at {i} order {order})",
+                i as usize + j
+            ));
         }
         *c = 1;
         if j > 0 {
             let f = mem.page(i + j as u32).raw_flags();
             if f & 0xffff != 0 {
-                return Err(format!("interior pfn {} of {what} at {i} has flags {f:#x}", i as usize + j));
+                return Err(format!(
+                    "interior pfn {} of {what} at {i} has flags {f:#x}",
+                    i as usize + j
+                ));
             }
         }
     }
@@ -939,3 +1045,268 @@ fn cover_block(cover: &mut [u8], mem: &MemMap, i: u32, order: u32, what: &str) -
 
 // The pageblock order must let a pageblock hold whole per-CPU blocks.
 const _: () = assert!(PAGEBLOCK_ORDER > PCP_MAX_ORDER);
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use core::sync::atomic::AtomicBool;
+
+    /// A test spinlock; the core takes any `lock_api::RawMutex`.
+    struct Spin(AtomicBool);
+    // SAFETY: a test-and-set lock: `lock` returns only after winning the swap.
+    unsafe impl lock_api::RawMutex for Spin {
+        #[allow(clippy::declare_interior_mutable_const)]
+        const INIT: Spin = Spin(AtomicBool::new(false));
+        type GuardMarker = lock_api::GuardSend;
+        fn lock(&self) {
+            while !self.try_lock() {
+                std::thread::yield_now();
+            }
+        }
+        fn try_lock(&self) -> bool {
+            !self.0.swap(true, Ordering::Acquire)
+        }
+        unsafe fn unlock(&self) {
+            self.0.store(false, Ordering::Release)
+        }
+    }
+    struct TestPlatform;
+    impl Platform for TestPlatform {
+        type ZoneLock = Spin;
+        fn cpu_id() -> usize {
+            0
+        }
+        fn now_ns() -> u64 {
+            0
+        }
+    }
+
+    fn pa(
+        pcp: PcpPolicy,
+        merge: MergePolicy,
+        refill: RefillPolicy,
+        pages: u64,
+    ) -> PageAlloc<TestPlatform> {
+        let cfg = Config {
+            pcp,
+            merge,
+            refill,
+            pcp_high: PcpHighPolicy::Fixed,
+            nr_cpus: 2,
+            pcp_batch: None,
+        };
+        PageAlloc::new(cfg, pages).unwrap()
+    }
+
+    fn order10_blocks(a: &PageAlloc<TestPlatform>) -> u64 {
+        a.zone_info()[0].free_blocks[MAX_ORDER as usize]
+            .iter()
+            .sum()
+    }
+
+    #[test]
+    fn batch_size_follows_linux() {
+        assert_eq!(zone_batchsize(262_144), 63); // 1 GiB
+        assert_eq!(zone_batchsize(16_384), 3); // 64 MiB
+    }
+
+    #[test]
+    fn starts_with_all_memory_in_max_order_blocks() {
+        let a = pa(
+            PcpPolicy::Off,
+            MergePolicy::Eager,
+            RefillPolicy::PageByPage,
+            4096,
+        );
+        assert_eq!(a.nr_free_pages(), 4096);
+        assert_eq!(order10_blocks(&a), 4);
+        a.check().unwrap();
+    }
+
+    #[test]
+    fn odd_sized_zone_is_covered_by_aligned_blocks() {
+        let a = pa(
+            PcpPolicy::Off,
+            MergePolicy::Eager,
+            RefillPolicy::PageByPage,
+            1024 + 512 + 3,
+        );
+        assert_eq!(a.nr_free_pages(), 1539);
+        a.check().unwrap();
+    }
+
+    #[test]
+    fn eager_free_merges_back_to_max_order() {
+        let a = pa(
+            PcpPolicy::Off,
+            MergePolicy::Eager,
+            RefillPolicy::PageByPage,
+            2048,
+        );
+        let pfns: std::vec::Vec<Pfn> = (0..100)
+            .map(|_| a.alloc_pages(Gfp::MOVABLE, 0, &NoHooks).unwrap())
+            .collect();
+        assert!(order10_blocks(&a) < 2);
+        for p in pfns {
+            a.free_pages(p, 0).unwrap();
+        }
+        assert_eq!(order10_blocks(&a), 2);
+        a.check().unwrap();
+    }
+
+    #[test]
+    fn lazy_free_skips_merge_until_needed() {
+        let a = pa(
+            PcpPolicy::Off,
+            MergePolicy::Lazy,
+            RefillPolicy::PageByPage,
+            4096,
+        );
+        let pfns: std::vec::Vec<Pfn> = (0..2048)
+            .map(|_| a.alloc_pages(Gfp::MOVABLE, 0, &NoHooks).unwrap())
+            .collect();
+        for p in pfns {
+            a.free_pages(p, 0).unwrap();
+        }
+        let zi = &a.zone_info()[0];
+        assert_eq!(zi.nr_unmerged, 2048);
+        assert_eq!(order10_blocks(&a), 2);
+        a.check().unwrap();
+        // Three order-10 requests: two blocks are whole, the third must come from merging.
+        let x: std::vec::Vec<Pfn> = (0..3)
+            .map(|_| a.alloc_pages(Gfp::MOVABLE, 10, &NoHooks).unwrap())
+            .collect();
+        assert!(x[0] != x[1] && x[1] != x[2]);
+        assert_eq!(a.zone_info()[0].nr_unmerged, 0);
+        assert!(a.vm_events().get(VmEvent::MergeOnDemand) >= 1);
+        a.check().unwrap();
+    }
+
+    #[test]
+    fn unmovable_fallback_steals_a_pageblock() {
+        let a = pa(
+            PcpPolicy::Off,
+            MergePolicy::Eager,
+            RefillPolicy::PageByPage,
+            2048,
+        );
+        assert_eq!(
+            a.zone_info()[0].pageblocks[MigrateType::Unmovable as usize],
+            0
+        );
+        let p = a.alloc_pages(Gfp::KERNEL, 0, &NoHooks).unwrap();
+        let zi = &a.zone_info()[0];
+        // The fallback found an order-10 block and took both its pageblocks.
+        assert_eq!(
+            zi.pageblocks[MigrateType::Unmovable as usize],
+            2,
+            "whole block stolen"
+        );
+        assert!(a.vm_events().get(VmEvent::AllocFallback) >= 1);
+        // The next unmovable allocation comes from the stolen pageblock, without fallback.
+        let before = a.vm_events().get(VmEvent::AllocFallback);
+        let q = a.alloc_pages(Gfp::KERNEL, 0, &NoHooks).unwrap();
+        assert_eq!(a.vm_events().get(VmEvent::AllocFallback), before);
+        assert_eq!(p.get() >> PAGEBLOCK_ORDER, q.get() >> PAGEBLOCK_ORDER);
+        a.check().unwrap();
+    }
+
+    #[test]
+    fn kernel_stops_at_min_watermark_atomic_dips_below_boundedly() {
+        let a = pa(
+            PcpPolicy::Off,
+            MergePolicy::Eager,
+            RefillPolicy::PageByPage,
+            4096,
+        );
+        let min = a.zone_info()[0].wmark[0];
+        let mut n = 0;
+        while a.alloc_pages(Gfp::KERNEL, 0, &NoHooks).is_ok() {
+            n += 1;
+        }
+        let left = a.nr_free_pages();
+        assert!(left >= min, "KERNEL went below min: {left} < {min}");
+        let mut extra = 0;
+        while a.alloc_pages(Gfp::ATOMIC, 0, &NoHooks).is_ok() {
+            extra += 1;
+        }
+        assert!(extra > 0, "ATOMIC got nothing below min");
+        assert!(a.nr_free_pages() > 0, "ATOMIC emptied the reserve");
+        assert!(n > 0);
+        a.check().unwrap();
+    }
+
+    #[test]
+    fn refused_frees_change_nothing() {
+        let a = pa(
+            PcpPolicy::On,
+            MergePolicy::Lazy,
+            RefillPolicy::Cluster,
+            4096,
+        );
+        let p = a.alloc_pages(Gfp::KERNEL, 3, &NoHooks).unwrap();
+        let free = a.nr_free_pages();
+        assert_eq!(
+            a.free_pages(p, 2),
+            Err(FreeError::WrongOrder { allocated: 3 })
+        );
+        let r = a.free_pages(p, 4);
+        assert!(
+            matches!(
+                r,
+                Err(FreeError::Misaligned) | Err(FreeError::WrongOrder { allocated: 3 })
+            ),
+            "{r:?}"
+        );
+        assert_eq!(
+            a.free_pages(Pfn::new(p.get() + 1), 0),
+            Err(FreeError::NotAllocated)
+        );
+        assert_eq!(a.free_pages(Pfn::new(4096), 0), Err(FreeError::OutOfRange));
+        assert_eq!(a.free_pages(p, 11), Err(FreeError::InvalidOrder));
+        assert_eq!(a.nr_free_pages(), free);
+        a.check().unwrap();
+        a.free_pages(p, 3).unwrap();
+        assert_eq!(a.free_pages(p, 3), Err(FreeError::NotAllocated));
+        a.check().unwrap();
+    }
+
+    #[test]
+    fn cluster_refill_and_free_keep_blocks_whole() {
+        let cfg = Config {
+            pcp_batch: Some(63),
+            ..Config::default()
+        };
+        let a = PageAlloc::<TestPlatform>::new(cfg, 4096).unwrap();
+        let pfns: std::vec::Vec<Pfn> = (0..500)
+            .map(|_| a.alloc_pages(Gfp::MOVABLE, 0, &NoHooks).unwrap())
+            .collect();
+        for p in &pfns {
+            a.free_pages(*p, 0).unwrap();
+        }
+        a.drain_all_pages();
+        a.check().unwrap();
+        // Runs went back as aligned blocks, so little is left unmerged.
+        assert!(
+            a.zone_info()[0].nr_unmerged < 64,
+            "{}",
+            a.zone_info()[0].nr_unmerged
+        );
+        assert_eq!(a.nr_free_pages(), 4096);
+    }
+
+    #[test]
+    fn pcp_ring_is_lifo_at_the_hot_end_fifo_at_the_cold_end() {
+        let mut l = PcpList::new(4);
+        for i in 0..4 {
+            l.push(i);
+        }
+        assert!(l.is_full());
+        assert_eq!(l.pop(), Some(3));
+        assert_eq!(l.pop_cold(), Some(0));
+        l.push(9);
+        l.push(10);
+        assert_eq!(l.iter().collect::<std::vec::Vec<_>>(), [1, 2, 9, 10]);
+    }
+}

@@ -44,7 +44,7 @@ pub(crate) struct PcpList {
 }
 
 impl PcpList {
-    fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         let cap = cap.next_power_of_two();
         PcpList {
             buf: vec![0u32; cap].into_boxed_slice(),

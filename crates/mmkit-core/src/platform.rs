@@ -11,10 +11,10 @@
 //! zone directly, as Linux's `pcp_spin_trylock` does) and a remote drainer takes by
 //! spinning.
 
-#[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, Ordering};
 #[cfg(not(loom))]
 pub(crate) use core::sync::atomic::{AtomicBool, Ordering};
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicBool, Ordering};
 
 /// What the environment provides to the core.
 pub trait Platform: 'static {

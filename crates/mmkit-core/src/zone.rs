@@ -31,8 +31,8 @@ use core::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use lock_api::RawMutex;
 
 use crate::gfp::{
-    ALLOC_HARDER, ALLOC_HIGH, ALLOC_WMARK_MASK, FALLBACKS, MIGRATE_PCPTYPES, MIGRATE_TYPES,
-    MigrateType,
+    MigrateType, ALLOC_HARDER, ALLOC_HIGH, ALLOC_WMARK_MASK, FALLBACKS, MIGRATE_PCPTYPES,
+    MIGRATE_TYPES,
 };
 use crate::page::{
     fl_mt, fl_order, fl_state, mk_flags, Page, PageState, MAX_ORDER, NIL, NR_ORDERS,
@@ -315,9 +315,8 @@ impl ZoneInner {
         let f = mm.page(idx).raw_flags();
         let order = fl_order(f);
         self.list_del(mm, idx, order, fl_mt(f));
-        mm.page(idx).set_raw_flags(
-            mk_flags(PageState::Buddy, order, mt as u32) | (f & PG_MERGE_SKIPPED),
-        );
+        mm.page(idx)
+            .set_raw_flags(mk_flags(PageState::Buddy, order, mt as u32) | (f & PG_MERGE_SKIPPED));
         self.list_add(mm, idx, order, mt, false);
     }
 
@@ -360,7 +359,14 @@ impl ZoneInner {
 
     /// Linux's `__free_one_page`: puts a block back, merging with free buddies unless
     /// `merge` is false (lazy order-0 free).
-    pub(crate) fn free_one(&mut self, mm: &MemMap, span: Span, mut idx: u32, mut order: u32, merge: bool) {
+    pub(crate) fn free_one(
+        &mut self,
+        mm: &MemMap,
+        span: Span,
+        mut idx: u32,
+        mut order: u32,
+        merge: bool,
+    ) {
         if !merge {
             debug_assert_eq!(order, 0);
             let mt = mm.pageblock_mt(idx);

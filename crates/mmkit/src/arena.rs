@@ -63,10 +63,11 @@ fn mmap_anon(len: usize, extra: libc::c_int) -> io::Result<NonNull<u8>> {
 fn try_reserve_hugetlb(pages: usize) -> io::Result<()> {
     let path = "/proc/sys/vm/nr_hugepages";
     let cur: usize = std::fs::read_to_string(path)?.trim().parse().unwrap_or(0);
-    let free: usize = std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0);
+    let free: usize =
+        std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
     if free >= pages {
         return Ok(());
     }
@@ -127,7 +128,13 @@ impl Arena {
     fn prefault(&mut self) {
         const MADV_POPULATE_WRITE: libc::c_int = 23;
         // SAFETY: the range is inside our mapping; MADV_POPULATE_WRITE only faults it in.
-        let r = unsafe { libc::madvise(self.base as *mut libc::c_void, self.len, MADV_POPULATE_WRITE) };
+        let r = unsafe {
+            libc::madvise(
+                self.base as *mut libc::c_void,
+                self.len,
+                MADV_POPULATE_WRITE,
+            )
+        };
         if r != 0 {
             // Older kernels: touch one byte per 4 KiB page.
             let mut off = 0;

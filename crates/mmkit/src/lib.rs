@@ -67,7 +67,9 @@ pub enum Error {
     },
     /// The pfn is not the head of an allocated block: never allocated, already
     /// freed, or an interior page of a block.
-    #[error("pfn {pfn} is not an allocated block (never allocated, already freed, or inside a block)")]
+    #[error(
+        "pfn {pfn} is not an allocated block (never allocated, already freed, or inside a block)"
+    )]
     NotAllocated {
         /// The pfn given.
         pfn: u64,
@@ -123,9 +125,24 @@ impl Variant {
     }
     fn apply(self, c: &mut Config) {
         let (pcp, merge, refill, high) = match self {
-            Variant::Mmkit => (PcpPolicy::On, MergePolicy::Lazy, RefillPolicy::Cluster, PcpHighPolicy::Auto),
-            Variant::MmkitEager => (PcpPolicy::On, MergePolicy::Eager, RefillPolicy::PageByPage, PcpHighPolicy::Fixed),
-            Variant::MmkitNoPcp => (PcpPolicy::Off, MergePolicy::Eager, RefillPolicy::PageByPage, PcpHighPolicy::Fixed),
+            Variant::Mmkit => (
+                PcpPolicy::On,
+                MergePolicy::Lazy,
+                RefillPolicy::Cluster,
+                PcpHighPolicy::Auto,
+            ),
+            Variant::MmkitEager => (
+                PcpPolicy::On,
+                MergePolicy::Eager,
+                RefillPolicy::PageByPage,
+                PcpHighPolicy::Fixed,
+            ),
+            Variant::MmkitNoPcp => (
+                PcpPolicy::Off,
+                MergePolicy::Eager,
+                RefillPolicy::PageByPage,
+                PcpHighPolicy::Fixed,
+            ),
         };
         c.pcp = pcp;
         c.merge = merge;
@@ -146,7 +163,12 @@ pub struct MmBuilder {
 /// A quarter of RAM, capped at 4 GiB.
 fn default_memory() -> usize {
     // SAFETY: sysconf has no preconditions.
-    let (pages, psize) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let (pages, psize) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
     let ram = (pages.max(0) as usize).saturating_mul(psize.max(0) as usize);
     (ram / 4).clamp(64 << 20, 4 << 30)
 }
@@ -206,7 +228,9 @@ impl MmBuilder {
     pub fn build(self) -> Result<Mm, Error> {
         let len = self.memory.unwrap_or_else(default_memory) & !(PAGE_SIZE - 1);
         if len < (2 << 20) {
-            return Err(Error::Config(format!("memory {len} bytes is below the 2 MiB minimum (one pageblock)")));
+            return Err(Error::Config(format!(
+                "memory {len} bytes is below the 2 MiB minimum (one pageblock)"
+            )));
         }
         let arena = arena::Arena::new(len, self.hugetlb, self.prefault)
             .map_err(|e| Error::Arena(format!("mmap of {len} bytes failed: {e}")))?;
@@ -276,7 +300,11 @@ fn free_err(e: FreeError, pfn: Pfn, order: u32) -> Error {
         FreeError::OutOfRange => Error::OutOfRange { pfn },
         FreeError::Misaligned => Error::Misaligned { pfn, order },
         FreeError::NotAllocated => Error::NotAllocated { pfn },
-        FreeError::WrongOrder { allocated } => Error::WrongOrder { pfn, allocated, given: order },
+        FreeError::WrongOrder { allocated } => Error::WrongOrder {
+            pfn,
+            allocated,
+            given: order,
+        },
     }
 }
 
@@ -385,7 +413,10 @@ impl Mm {
 
     /// How the arena is backed, and why hugetlb was not used if it was asked for.
     pub fn backing(&self) -> (Backing, Option<String>) {
-        (self.inner.arena.backing(), self.inner.arena.fallback_note.clone())
+        (
+            self.inner.arena.backing(),
+            self.inner.arena.fallback_note.clone(),
+        )
     }
 
     /// The core allocator, for layers built on top.

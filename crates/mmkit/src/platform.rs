@@ -72,7 +72,9 @@ fn rseq_cpu_id() -> Option<usize> {
     }
     let tp: usize;
     // SAFETY: on x86_64 Linux, %fs:0 holds the thread pointer (the TCB points to itself).
-    unsafe { std::arch::asm!("mov {}, fs:0", out(reg) tp, options(nostack, readonly, preserves_flags)) };
+    unsafe {
+        std::arch::asm!("mov {}, fs:0", out(reg) tp, options(nostack, readonly, preserves_flags))
+    };
     // struct rseq { u32 cpu_id_start; u32 cpu_id; ... }: cpu_id is at offset 4.
     let p = (tp as isize + off + 4) as *const i32;
     // SAFETY: glibc registered this thread's rseq area at tp + __rseq_offset (size > 0);

@@ -33,7 +33,12 @@ impl Mm {
         s.push('\n');
         for z in &zones {
             for mt in 0..MIGRATE_TYPES {
-                let _ = write!(s, "Node    0, zone {:>8}, type {:>12}", z.name, MigrateType::from_index(mt).name());
+                let _ = write!(
+                    s,
+                    "Node    0, zone {:>8}, type {:>12}",
+                    z.name,
+                    MigrateType::from_index(mt).name()
+                );
                 for o in 0..NR_ORDERS {
                     let _ = write!(s, " {:>6}", z.free_blocks[o][mt]);
                 }
@@ -59,11 +64,31 @@ impl Mm {
     pub fn vmstat(&self) -> String {
         let mut s = String::new();
         let zones = self.zone_info();
-        let _ = writeln!(s, "nr_free_pages {}", zones.iter().map(|z| z.nr_free + z.nr_pcp).sum::<u64>());
-        let _ = writeln!(s, "nr_free_buddy {}", zones.iter().map(|z| z.nr_free).sum::<u64>());
-        let _ = writeln!(s, "nr_free_pcp {}", zones.iter().map(|z| z.nr_pcp).sum::<u64>());
-        let _ = writeln!(s, "nr_unmerged {}", zones.iter().map(|z| z.nr_unmerged).sum::<u64>());
-        let _ = writeln!(s, "nr_managed {}", zones.iter().map(|z| z.managed).sum::<u64>());
+        let _ = writeln!(
+            s,
+            "nr_free_pages {}",
+            zones.iter().map(|z| z.nr_free + z.nr_pcp).sum::<u64>()
+        );
+        let _ = writeln!(
+            s,
+            "nr_free_buddy {}",
+            zones.iter().map(|z| z.nr_free).sum::<u64>()
+        );
+        let _ = writeln!(
+            s,
+            "nr_free_pcp {}",
+            zones.iter().map(|z| z.nr_pcp).sum::<u64>()
+        );
+        let _ = writeln!(
+            s,
+            "nr_unmerged {}",
+            zones.iter().map(|z| z.nr_unmerged).sum::<u64>()
+        );
+        let _ = writeln!(
+            s,
+            "nr_managed {}",
+            zones.iter().map(|z| z.managed).sum::<u64>()
+        );
         for (name, v) in self.vm_events().iter() {
             let _ = writeln!(s, "{name} {v}");
         }
