@@ -555,6 +555,72 @@ impl<P: Platform> PageAlloc<P> {
         Ok(fl_mt(f))
     }
 
+    /// Takes a reference on an allocated block (Linux's `get_page`): the block
+    /// is not freed until a matching `put_page`. Used to pin a page during an access.
+    #[inline]
+    pub fn get_page(&self, pfn: Pfn) {
+        if let Some(p) = self.mem.pages.get(pfn.get() as usize) {
+            p.refcount.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Drops a reference (Linux's `put_page`); the last one frees the block.
+    /// Returns true if the block was freed.
+    #[inline]
+    pub fn put_page(&self, pfn: Pfn) -> bool {
+        let Some(p) = self.mem.pages.get(pfn.get() as usize) else {
+            return false;
+        };
+        if p.refcount.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return false;
+        }
+        let f = p.flags.load(Ordering::Relaxed);
+        p.refcount.fetch_add(1, Ordering::Relaxed); // claim_for_free resets it
+        match self.claim_for_free(pfn, fl_order(f)) {
+            Ok(mt) => {
+                self.free_claimed(pfn.get() as u32, fl_order(f), mt);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Drops one reference on each block and frees those whose count reached
+    /// zero, taking the per-CPU lock (or the zone lock) once for the whole batch
+    /// (the allocator side of an mmu_gather). Returns the number of blocks freed.
+    pub fn put_pages_bulk(&self, blocks: &[(Pfn, u32)]) -> usize {
+        let mut freed = 0;
+        let mut pcp: Option<(usize, PcpGuard<'_>)> = None;
+        for &(pfn, order) in blocks {
+            let Some(p) = self.mem.pages.get(pfn.get() as usize) else {
+                continue;
+            };
+            if p.refcount.fetch_sub(1, Ordering::AcqRel) != 1 {
+                continue;
+            }
+            p.refcount.fetch_add(1, Ordering::Relaxed);
+            let Ok(mt) = self.claim_for_free(pfn, order) else {
+                continue;
+            };
+            freed += 1;
+            let idx = pfn.get() as u32;
+            let z = self.zone_of(idx);
+            if !self.pcp.is_empty() && order <= PCP_MAX_ORDER && mt < MIGRATE_PCPTYPES {
+                if !matches!(pcp, Some((pz, _)) if pz == z) {
+                    drop(pcp.take());
+                    let cpu = self.cpu();
+                    pcp = self.pcp_of(z, cpu).try_lock().map(|g| (z, g));
+                }
+                if let Some((_, g)) = pcp.as_mut() {
+                    self.free_unref_page_commit(z, g, idx, order, mt);
+                    continue;
+                }
+            }
+            self.free_claimed(idx, order, mt);
+        }
+        freed
+    }
+
     #[inline]
     fn free_claimed(&self, idx: u32, order: u32, mt: usize) {
         let z = self.zone_of(idx);

@@ -349,6 +349,24 @@ impl Mm {
             .map_err(|e| free_err(e, pfn, order))
     }
 
+    /// Takes a reference on an allocated block (pins it until `put_page`).
+    #[inline]
+    pub fn get_page(&self, pfn: Pfn) {
+        self.inner.alloc.get_page(pfn)
+    }
+
+    /// Drops a reference; the last one frees the block. True if it was freed.
+    #[inline]
+    pub fn put_page(&self, pfn: Pfn) -> bool {
+        self.inner.alloc.put_page(pfn)
+    }
+
+    /// Drops a reference on each block, freeing those that reach zero in one
+    /// batch. Returns the number freed.
+    pub fn put_pages_bulk(&self, blocks: &[(Pfn, u32)]) -> usize {
+        self.inner.alloc.put_pages_bulk(blocks)
+    }
+
     /// The address of a block's first byte (null for a pfn outside the arena).
     #[inline]
     pub fn page_address(&self, pfn: Pfn) -> *mut u8 {
