@@ -26,6 +26,7 @@ use std::time::Duration;
 
 pub use arena::Backing;
 pub use mmkit_core;
+pub use mmkit_core::clear::ClearStrategy;
 pub use mmkit_core::{
     Config, Gfp, LockStats, MergePolicy, MigrateType, PcpHighPolicy, PcpPolicy, Pfn, RefillPolicy,
     VmEvent, VmEvents, ZoneInfo, MAX_ORDER, PAGEBLOCK_ORDER, PAGE_SIZE,
@@ -158,6 +159,7 @@ pub struct MmBuilder {
     cfg: Config,
     hugetlb: bool,
     prefault: bool,
+    clear: ClearStrategy,
 }
 
 /// A quarter of RAM, capped at 4 GiB.
@@ -219,6 +221,11 @@ impl MmBuilder {
         self.hugetlb = on;
         self
     }
+    /// How pages are cleared on `Gfp::ZERO` and in the fault path (default `Auto`).
+    pub fn clear(mut self, c: ClearStrategy) -> Self {
+        self.clear = c;
+        self
+    }
     /// Fault the whole arena in at build time.
     pub fn prefault(mut self, on: bool) -> Self {
         self.prefault = on;
@@ -239,6 +246,7 @@ impl MmBuilder {
         let inner = Arc::new(MmInner {
             alloc,
             arena,
+            clear: self.clear,
             worker: Arc::new((Mutex::new(false), Condvar::new())),
         });
         if self.cfg.pcp == PcpPolicy::On && self.cfg.pcp_high == PcpHighPolicy::Auto {
@@ -276,6 +284,7 @@ fn spawn_vmstat_worker(inner: &Arc<MmInner>) {
 struct MmInner {
     alloc: PageAlloc<StdPlatform>,
     arena: arena::Arena,
+    clear: ClearStrategy,
     worker: Arc<(Mutex<bool>, Condvar)>,
 }
 
@@ -321,6 +330,7 @@ impl Mm {
             cfg,
             hugetlb: false,
             prefault: false,
+            clear: ClearStrategy::Auto,
         }
     }
 
@@ -331,7 +341,13 @@ impl Mm {
             Ok(pfn) => {
                 if gfp.contains(Gfp::ZERO) {
                     // SAFETY: the block is ours, 2^order pages inside the arena.
-                    unsafe { std::ptr::write_bytes(self.page_address(pfn), 0, PAGE_SIZE << order) };
+                    unsafe {
+                        mmkit_core::clear::clear_pages_with(
+                            self.page_address(pfn),
+                            PAGE_SIZE << order,
+                            self.inner.clear,
+                        )
+                    };
                 }
                 Ok(pfn)
             }
@@ -422,6 +438,11 @@ impl Mm {
     /// A snapshot of every zone.
     pub fn zone_info(&self) -> Vec<ZoneInfo> {
         self.inner.alloc.zone_info()
+    }
+
+    /// The clearing strategy in force.
+    pub fn clear_strategy(&self) -> ClearStrategy {
+        self.inner.clear
     }
 
     /// The policies in force.
