@@ -5,7 +5,11 @@ use std::time::Instant;
 
 fn main() -> Result<(), mmkit::Error> {
     for v in Variant::ALL {
-        let mm = Mm::builder().memory(256 << 20).variant(v).prefault(true).build()?;
+        let mm = Mm::builder()
+            .memory(256 << 20)
+            .variant(v)
+            .prefault(true)
+            .build()?;
         let free0 = mm.nr_free_pages();
         let mut held = Vec::new();
         for i in 0..10000u32 {
@@ -29,7 +33,11 @@ fn main() -> Result<(), mmkit::Error> {
             mm.free_pages(p, 0)?;
         }
         let dt = t.elapsed();
-        println!("{:12} alloc_free 1 thread: {:.1} ns/pair", v.name(), dt.as_nanos() as f64 / n as f64);
+        println!(
+            "{:12} alloc_free 1 thread: {:.1} ns/pair",
+            v.name(),
+            dt.as_nanos() as f64 / n as f64
+        );
         if v == Variant::Mmkit {
             print!("{}", mm.buddyinfo());
         }
