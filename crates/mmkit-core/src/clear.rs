@@ -967,7 +967,7 @@ impl ChunkedClear {
         yield_fn: &mut dyn FnMut(),
     ) -> usize {
         assert!(
-            buf.len() % PAGE_SIZE == 0,
+            buf.len() & (PAGE_SIZE - 1) == 0,
             "huge page length {} is not a multiple of 4096",
             buf.len()
         );
@@ -1153,7 +1153,7 @@ impl Iterator for LegacyOrder {
         }
         let j = k - self.first;
         let i = j / 2;
-        Some(if j % 2 == 0 {
+        Some(if j & 1 == 0 {
             self.base + i
         } else {
             self.base + 2 * self.l - 1 - i
