@@ -33,7 +33,7 @@ use crate::page::{
     fl_mt, fl_order, fl_state, mk_flags, Page, PageState, Pfn, MAX_ORDER, NR_ORDERS,
     PAGEBLOCK_NR_PAGES, PAGEBLOCK_ORDER, PG_MERGE_SKIPPED,
 };
-use crate::pcp::{PcpGuard, PcpList, PerCpuPages, PCP_MAX_ORDER, PCP_ORDERS};
+use crate::pcp::{PcpGuard, PcpList, PerCpuPages, PCP_BATCH_SCALE_MAX, PCP_MAX_ORDER, PCP_ORDERS};
 use crate::platform::Platform;
 use crate::stat::{AtomicEvents, LockStats, VmEvent, VmEvents};
 use crate::zone::{MemMap, Span, Zone, ZoneGuard};
@@ -299,13 +299,40 @@ impl<P: Platform> PageAlloc<P> {
     #[inline]
     fn rmqueue(&self, z: usize, order: u32, alloc_flags: u32, ac: &AllocContext) -> Option<u32> {
         if !self.pcp.is_empty() && order <= PCP_MAX_ORDER && ac.mt < MIGRATE_PCPTYPES {
-            let cpu = self.cpu();
-            if let Some(mut g) = self.pcp_of(z, cpu).try_lock() {
+            if let Some(mut g) = self.pcp_trylock(z) {
                 return self.rmqueue_pcplist(z, &mut g, order, ac.mt, alloc_flags);
             }
-            self.events[cpu].inc(VmEvent::PcpTrylockFail);
         }
         self.rmqueue_buddy(z, order, ac.mt, alloc_flags)
+    }
+
+    /// Takes the current CPU's list set. The kernel takes it with preemption
+    /// disabled, so a failed trylock means a remote drain; here a thread can be
+    /// preempted while holding it, and every other thread scheduled on that CPU
+    /// would then miss its lists for a whole time slice. So on failure yield once
+    /// (letting the holder run) and retry on whatever CPU we are then on, before
+    /// falling back to the zone.
+    #[inline]
+    fn pcp_trylock(&self, z: usize) -> Option<PcpGuard<'_>> {
+        let cpu = self.cpu();
+        if let Some(g) = self.pcp_of(z, cpu).try_lock() {
+            return Some(g);
+        }
+        self.pcp_trylock_slow(z, cpu)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn pcp_trylock_slow(&self, z: usize, cpu: usize) -> Option<PcpGuard<'_>> {
+        self.events[cpu].inc(VmEvent::PcpTrylockFail);
+        for _ in 0..2 {
+            P::relax();
+            let cpu = self.cpu();
+            if let Some(g) = self.pcp_of(z, cpu).try_lock() {
+                return Some(g);
+            }
+        }
+        None
     }
 
     #[inline]
@@ -344,7 +371,7 @@ impl<P: Platform> PageAlloc<P> {
             g.events[VmEvent::WmarkLowFail as usize] += 1;
             return false;
         }
-        let entries = (g.batch >> order).max(2);
+        let entries = self.nr_pcp_alloc(z, g, order);
         let g = &mut **g;
         let list = &mut g.lists[order as usize][mt];
         let mut zg = zone.lock();
@@ -369,6 +396,37 @@ impl<P: Platform> PageAlloc<P> {
         g.events[VmEvent::PcpRefill as usize] += 1;
         g.events[VmEvent::PcpRefillPages as usize] += (n as u64) << order;
         n > 0
+    }
+
+    /// Entries to refill (Linux 6.7's `nr_pcp_alloc`). Under auto-tuning a CPU that
+    /// keeps allocating without freeing doubles its order-0 refill each time (up to
+    /// batch << 5) and raises `high` to make room, so it goes to the zone less often.
+    #[inline]
+    fn nr_pcp_alloc(&self, z: usize, g: &mut PcpGuard<'_>, order: u32) -> u32 {
+        let base = g.batch;
+        if self.cfg.pcp_high != PcpHighPolicy::Auto {
+            return (base >> order).max(2);
+        }
+        let mut batch = if order == 0 {
+            base << g.alloc_factor
+        } else {
+            base
+        };
+        if !self.zones[z].below_high() {
+            let new = (g.high + batch).min(g.high_max);
+            if new > g.high {
+                g.events[VmEvent::PcpHighGrow as usize] += 1;
+            }
+            g.high = new;
+        }
+        if order == 0 {
+            let max_nr_alloc = g.high.saturating_sub(g.count + base).max(base);
+            if batch <= max_nr_alloc && g.alloc_factor < PCP_BATCH_SCALE_MAX {
+                g.alloc_factor += 1;
+            }
+            batch = batch.min(max_nr_alloc);
+        }
+        (batch >> order).max(2)
     }
 
     /// Cluster refill: takes `entries` blocks of `order` as contiguous runs cut
@@ -608,8 +666,7 @@ impl<P: Platform> PageAlloc<P> {
             if !self.pcp.is_empty() && order <= PCP_MAX_ORDER && mt < MIGRATE_PCPTYPES {
                 if !matches!(pcp, Some((pz, _)) if pz == z) {
                     drop(pcp.take());
-                    let cpu = self.cpu();
-                    pcp = self.pcp_of(z, cpu).try_lock().map(|g| (z, g));
+                    pcp = self.pcp_trylock(z).map(|g| (z, g));
                 }
                 if let Some((_, g)) = pcp.as_mut() {
                     self.free_unref_page_commit(z, g, idx, order, mt);
@@ -625,12 +682,10 @@ impl<P: Platform> PageAlloc<P> {
     fn free_claimed(&self, idx: u32, order: u32, mt: usize) {
         let z = self.zone_of(idx);
         if !self.pcp.is_empty() && order <= PCP_MAX_ORDER && mt < MIGRATE_PCPTYPES {
-            let cpu = self.cpu();
-            if let Some(mut g) = self.pcp_of(z, cpu).try_lock() {
+            if let Some(mut g) = self.pcp_trylock(z) {
                 self.free_unref_page_commit(z, &mut g, idx, order, mt);
                 return;
             }
-            self.events[cpu].inc(VmEvent::PcpTrylockFail);
         }
         let zone = &self.zones[z];
         let mut zg = zone.lock();
@@ -657,6 +712,7 @@ impl<P: Platform> PageAlloc<P> {
         g.count += 1 << order;
         g.events[VmEvent::PgFree as usize] += 1;
         g.free_count = g.free_count.saturating_add(1 << order);
+        g.alloc_factor >>= 1;
         if g.count >= g.high {
             let high = self.nr_pcp_high(z, g);
             if g.count >= high {

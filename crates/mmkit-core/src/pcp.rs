@@ -9,8 +9,9 @@
 //! `count` (pages on all lists) is kept at or below `high` by freeing `batch`-sized
 //! groups back to the zone; an empty list is refilled with one batch. Under
 //! auto-tuning (Linux 6.7) `high` grows by `batch` while a CPU keeps freeing more than
-//! it allocates (up to `high_max`), shrinks when the zone is below its high
-//! watermark, and decays by 1/8 a second when the lists sit idle.
+//! it allocates (up to `high_max`), grows with the refill size while a CPU keeps
+//! allocating (refills double, up to batch << 5), shrinks when the zone is below its
+//! high watermark, and decays by 1/8 a second when the lists sit idle.
 //!
 //! Locking: a `PcpLock` per set. The owner takes it with `try_lock`; on failure (a
 //! thread preempted while holding it, or a remote drain in progress) the caller
@@ -32,6 +33,8 @@ use crate::stat::NR_VM_EVENTS;
 
 /// Highest order kept on per-CPU lists (Linux's PAGE_ALLOC_COSTLY_ORDER).
 pub const PCP_MAX_ORDER: u32 = 3;
+/// Largest shift of the batch for auto-tuned refills (Linux's CONFIG_PCP_BATCH_SCALE_MAX).
+pub const PCP_BATCH_SCALE_MAX: u32 = 5;
 /// Number of orders with per-CPU lists.
 pub const PCP_ORDERS: usize = PCP_MAX_ORDER as usize + 1;
 
@@ -102,6 +105,8 @@ pub(crate) struct PcpInner {
     pub batch: u32,
     /// Pages freed since allocations last outweighed frees (auto-tuning).
     pub free_count: u32,
+    /// Refill scale: doubles while the CPU allocates without freeing.
+    pub alloc_factor: u32,
     /// Round-robin start for draining.
     pub drain_rr: u32,
     pub lists: [[PcpList; MIGRATE_PCPTYPES]; PCP_ORDERS],
@@ -163,6 +168,7 @@ impl PerCpuPages {
                 high_max,
                 batch,
                 free_count: 0,
+                alloc_factor: 0,
                 drain_rr: 0,
                 lists: core::array::from_fn(|_| core::array::from_fn(|_| PcpList::new(cap))),
                 events: [0; NR_VM_EVENTS],

@@ -95,14 +95,24 @@ mod tests {
 
     #[test]
     fn cpu_id_agrees_with_sched_getcpu() {
-        // Pin to CPU 0 so the two readings cannot differ by a migration.
-        // SAFETY: plain libc calls on a zeroed cpu_set_t.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(0, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-            std::thread::yield_now();
-            assert_eq!(StdPlatform::cpu_id(), libc::sched_getcpu() as usize);
+        // Pin a thread to each CPU in turn so the readings cannot differ by a migration.
+        for cpu in 0..nr_cpus().min(8) {
+            std::thread::spawn(move || {
+                // SAFETY: plain libc calls on a zeroed cpu_set_t.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
+                    {
+                        return;
+                    }
+                    std::thread::yield_now();
+                    assert_eq!(StdPlatform::cpu_id(), cpu);
+                    assert_eq!(libc::sched_getcpu() as usize, cpu);
+                }
+            })
+            .join()
+            .unwrap();
         }
     }
 }

@@ -1,0 +1,82 @@
+//! Policy sweep for the cross-CPU free pattern (one allocating thread, one
+//! freeing thread). `cargo run --release -p mmkit --example xcpu`
+use mmkit::*;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn run(name: &str, b: MmBuilder) {
+    let mm = b.memory(1 << 30).prefault(true).build().unwrap();
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Pfn>>(64);
+    let stop = Arc::new(AtomicBool::new(false));
+    let freed = Arc::new(AtomicU64::new(0));
+    let (m1, s1) = (mm.clone(), stop.clone());
+    let prod = std::thread::spawn(move || {
+        while !s1.load(Ordering::Relaxed) {
+            let mut v = Vec::with_capacity(32);
+            for _ in 0..32 {
+                let p = m1.alloc_pages(Gfp::KERNEL, 0).unwrap();
+                unsafe { m1.page_address(p).write_volatile(1) };
+                v.push(p);
+            }
+            if tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    let (m2, f2) = (mm.clone(), freed.clone());
+    let cons = std::thread::spawn(move || {
+        for v in rx {
+            for p in v {
+                m2.free_pages(p, 0).unwrap();
+            }
+            f2.fetch_add(32, Ordering::Relaxed);
+        }
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let (f0, t0, l0) = (
+        freed.load(Ordering::Relaxed),
+        Instant::now(),
+        mm.zone_lock_stats(),
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    let n = freed.load(Ordering::Relaxed) - f0;
+    let dt = t0.elapsed().as_secs_f64();
+    let l = mm.zone_lock_stats().since(&l0);
+    stop.store(true, Ordering::Relaxed);
+    prod.join().unwrap();
+    cons.join().unwrap();
+    let info = &mm.zone_info()[0];
+    println!(
+        "{name:40} {:6.2} M/s  lock/kop {:5.1} contended {:5.2}%  pcp(high,count) {:?}",
+        n as f64 / dt / 1e6,
+        l.acquisitions as f64 * 1000.0 / n as f64,
+        l.contended_pct(),
+        info.pcp_high
+    );
+}
+
+fn main() {
+    for _ in 0..2 {
+        run("mmkit", Mm::builder().variant(Variant::Mmkit));
+        run(
+            "mmkit fixed high",
+            Mm::builder()
+                .variant(Variant::Mmkit)
+                .pcp_high(PcpHighPolicy::Fixed),
+        );
+        run(
+            "mmkit eager merge",
+            Mm::builder()
+                .variant(Variant::Mmkit)
+                .merge(MergePolicy::Eager),
+        );
+        run(
+            "mmkit page-by-page",
+            Mm::builder()
+                .variant(Variant::Mmkit)
+                .refill(RefillPolicy::PageByPage),
+        );
+        run("mmkit-eager", Mm::builder().variant(Variant::MmkitEager));
+    }
+}
