@@ -18,7 +18,10 @@
 //! ```
 
 mod arena;
+mod pgtable;
 mod platform;
+mod rmap;
+mod space;
 mod views;
 
 use std::sync::{Arc, Condvar, Mutex};
@@ -31,7 +34,9 @@ pub use mmkit_core::{
     Config, Gfp, LockStats, MergePolicy, MigrateType, PcpHighPolicy, PcpPolicy, Pfn, RefillPolicy,
     VmEvent, VmEvents, ZoneInfo, MAX_ORDER, PAGEBLOCK_ORDER, PAGE_SIZE,
 };
+pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
 pub use platform::StdPlatform;
+pub use space::{MapFlags, Space, SpaceStats, Translation, MMAP_BASE};
 
 use mmkit_core::{AllocError, FreeError, NoHooks, PageAlloc};
 
@@ -94,6 +99,35 @@ pub enum Error {
     /// `check()` found a broken invariant.
     #[error("invariant broken: {0}")]
     Corrupt(String),
+    /// An address range given to an address space was refused: zero length,
+    /// unaligned, wrapping, outside `0..2^47`, or not mapped.
+    #[error("bad address range {addr:#x} (+{len:#x} bytes): {reason}")]
+    BadAddress {
+        /// The address given.
+        addr: u64,
+        /// The length given.
+        len: u64,
+        /// What was wrong with it.
+        reason: &'static str,
+    },
+    /// `mmap` found no free range of the length in the address space; unmap
+    /// something or map less.
+    #[error(
+        "no room for a mapping of {len} bytes in the address space (unmap something or map less)"
+    )]
+    AddressSpaceFull {
+        /// The length asked for.
+        len: u64,
+    },
+    /// A fault could not be handled (or an address-space call was made from inside
+    /// a `with_page` closure).
+    #[error("fault at {addr:#x} not handled: {reason}")]
+    Fault {
+        /// The faulting address.
+        addr: u64,
+        /// Why.
+        reason: &'static str,
+    },
 }
 
 /// The named policy sets the lab compares.
