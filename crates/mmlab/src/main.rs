@@ -1,1 +1,25 @@
-fn main(){}
+//! `mmlab`: mmkit's lab. It runs the classic mm scalability experiments as
+//! workloads, each in several variants (mmkit's own policies and the peers a user
+//! would pick instead), side by side in one process, and reports the results as
+//! mailing-list style tables, JSON Lines and SVG plots.
+//!
+//! Layers, one file each:
+//! - `cli`: command line (clap), turns flags into a run configuration;
+//! - `runner`: runs the points (workload x threads x variant) interleaved, and the
+//!   timed multi-thread harness the workloads use;
+//! - `peers`: the variants: mmkit's policies and the peer allocators;
+//! - `workloads/`: one file per workload, behind the `Workload` trait;
+//! - `record`: the JSON Lines record, one per figure;
+//! - `report/`: tables (`table`), plots (`plot`), the figures (`figures`)
+//!   and the report directory (`mod`).
+
+mod cli;
+mod peers;
+mod record;
+mod report;
+mod runner;
+mod workloads;
+
+fn main() -> anyhow::Result<()> {
+    cli::main()
+}

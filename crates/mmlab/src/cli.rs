@@ -1,0 +1,283 @@
+//! The command line: `mmlab run [WORKLOAD...]` and `mmlab list`. Turns flags
+//! into a `runner::Config`, runs, prints the tables and the figures, and writes
+//! the report directory and the optional JSON Lines file.
+
+use crate::peers::{self, VARIANTS};
+use crate::record::write_jsonl;
+use crate::report;
+use crate::runner::{self, Config, Timing};
+use crate::workloads::{self, Workload};
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Measured interval per point, full run.
+pub const DURATION_MS: u64 = 1500;
+/// Measured interval per point, `--quick`.
+pub const QUICK_DURATION_MS: u64 = 150;
+/// mmkit arena, full run.
+pub const MEMORY: u64 = 1 << 30;
+/// mmkit arena, `--quick`.
+pub const QUICK_MEMORY: u64 = 256 << 20;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mmlab",
+    version,
+    about = "mmkit's lab: the classic mm scalability experiments, variants side by side"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run workloads (default: all) in every variant and thread count.
+    Run(RunArgs),
+    /// List the workloads, variants and metrics.
+    List,
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Workloads to run (default: all; see `mmlab list`).
+    workloads: Vec<String>,
+    /// Small and short enough for CI (150 ms points, 256 MiB arena, no progress bar).
+    #[arg(long)]
+    quick: bool,
+    /// Thread counts, comma-separated [default: each workload's, 1,2,4,8].
+    #[arg(long, value_delimiter = ',')]
+    threads: Option<Vec<usize>>,
+    /// Variants, comma-separated, in column order; the first is the baseline
+    /// [default: all that apply].
+    #[arg(long, value_delimiter = ',')]
+    variants: Option<Vec<String>>,
+    /// Measured interval per point in ms [default: 1500, quick: 150].
+    #[arg(long)]
+    duration_ms: Option<u64>,
+    /// Unmeasured warmup before each point in ms [default: a fifth of the duration].
+    #[arg(long)]
+    warmup_ms: Option<u64>,
+    /// Also write every record to FILE as JSON Lines.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Report directory (tables, plots, results.jsonl, README.md).
+    #[arg(long, value_name = "DIR", default_value = "report")]
+    report: PathBuf,
+    /// mmkit arena size (and the buddy peer's buffer), bytes or with a suffix:
+    /// 256M, 1G, 512MiB [default: 1G, quick: 256M].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    memory: Option<u64>,
+}
+
+/// Parses "1073741824", "256M", "256MiB", "1g", "64k" (binary multiples).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(digits);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number of bytes such as 268435456 or 256M"))?;
+    let shift = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        other => {
+            return Err(format!(
+                "{s:?}: unknown size suffix {other:?} (use K, M, G or T)"
+            ))
+        }
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?}: too large"))
+}
+
+/// Entry point.
+pub fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::List => {
+            print!("{}", list_text());
+            Ok(())
+        }
+        Command::Run(args) => run(args),
+    }
+}
+
+/// The text of `mmlab list`.
+fn list_text() -> String {
+    let mut s = String::from("workloads:\n");
+    for w in workloads::all() {
+        let metrics: Vec<&str> = w.metrics().iter().map(|m| m.name).collect();
+        s += &format!(
+            "  {:<22} {}\n  {:<22} threads {:?}; metrics: {}\n",
+            w.name(),
+            w.description(),
+            "",
+            w.default_threads(),
+            metrics.join(", ")
+        );
+    }
+    s += "variants:\n";
+    for v in VARIANTS {
+        s += &format!("  {:<22} {}\n", v.name, v.description);
+    }
+    s += "metrics:\n";
+    for m in workloads::all_metrics() {
+        let only = if m.mmkit_only {
+            " (mmkit variants)"
+        } else {
+            ""
+        };
+        s += &format!("  {:<31} [{}] {}{}\n", m.name, m.unit, m.description, only);
+    }
+    s
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    let list: Vec<&dyn Workload> = if args.workloads.is_empty() {
+        workloads::all()
+    } else {
+        args.workloads
+            .iter()
+            .map(|n| {
+                workloads::by_name(n).with_context(|| {
+                    let names: Vec<_> = workloads::all().iter().map(|w| w.name()).collect();
+                    format!("unknown workload {n:?}; workloads: {}", names.join(", "))
+                })
+            })
+            .collect::<Result<_>>()?
+    };
+    if let Some(v) = &args.variants {
+        if v.is_empty() {
+            bail!("--variants needs at least one variant");
+        }
+        for name in v {
+            if !peers::is_variant(name) {
+                let names: Vec<_> = VARIANTS.iter().map(|v| v.name).collect();
+                bail!("unknown variant {name:?}; variants: {}", names.join(", "));
+            }
+        }
+    }
+    if let Some(t) = &args.threads {
+        if t.is_empty() || t.contains(&0) {
+            bail!("--threads needs thread counts of at least 1, e.g. --threads 1,2,4,8");
+        }
+    }
+    let duration_ms = args.duration_ms.unwrap_or(if args.quick {
+        QUICK_DURATION_MS
+    } else {
+        DURATION_MS
+    });
+    if duration_ms == 0 {
+        bail!("--duration-ms must be at least 1");
+    }
+    let warmup_ms = args.warmup_ms.unwrap_or(duration_ms / 5);
+    let memory = args
+        .memory
+        .unwrap_or(if args.quick { QUICK_MEMORY } else { MEMORY });
+    let config = Config {
+        threads: args.threads.clone(),
+        variants: args.variants.clone(),
+        timing: Timing {
+            warmup: Duration::from_millis(warmup_ms),
+            duration: Duration::from_millis(duration_ms),
+        },
+        memory: usize::try_from(memory).context("--memory does not fit this machine")?,
+        progress: !args.quick && std::io::stdout().is_terminal(),
+    };
+    let command: Vec<String> = std::env::args().collect();
+    let command = command.join(" ");
+    println!(
+        "# {command}\n# {} ms per point after {} ms warmup, {} MiB arena\n",
+        duration_ms,
+        warmup_ms,
+        memory >> 20
+    );
+
+    let mut warnings = Vec::new();
+    let records = runner::run(&config, &list, &mut warnings, |w, recs| {
+        print!("{}", report::text_tables(w, recs));
+    })?;
+
+    println!("figures:");
+    for f in report::figures::figures(&records) {
+        println!("  {f}");
+    }
+    if let Some(path) = &args.json {
+        let f = std::fs::File::create(path)
+            .with_context(|| format!("creating --json {}", path.display()))?;
+        write_jsonl(std::io::BufWriter::new(f), &records)?;
+    }
+    report::write_dir(&args.report, &list, &records, &command, &warnings)?;
+    println!("\nreport written to {}/", args.report.display());
+    if !warnings.is_empty() {
+        bail!(
+            "{} check(s) failed after workloads (see warnings above)",
+            warnings.len()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_size("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("M").is_err());
+    }
+
+    #[test]
+    fn cli_parses() {
+        Cli::command().debug_assert();
+        let c = Cli::try_parse_from([
+            "mmlab",
+            "run",
+            "alloc_free",
+            "--quick",
+            "--threads",
+            "1,2",
+            "--variants",
+            "mmkit,mimalloc",
+            "--memory",
+            "64M",
+            "--json",
+            "x.jsonl",
+        ])
+        .unwrap();
+        let Command::Run(a) = c.command else {
+            panic!("not run")
+        };
+        assert_eq!(a.workloads, ["alloc_free"]);
+        assert_eq!(a.threads, Some(vec![1, 2]));
+        assert_eq!(a.variants.unwrap(), ["mmkit", "mimalloc"]);
+        assert_eq!(a.memory, Some(64 << 20));
+        assert!(a.quick);
+    }
+
+    #[test]
+    fn list_names_everything() {
+        let s = list_text();
+        for w in workloads::all() {
+            assert!(s.contains(w.name()));
+        }
+        for v in VARIANTS {
+            assert!(s.contains(v.name));
+        }
+        assert!(s.contains("zone_lock_contended_pct"));
+    }
+}

@@ -1,0 +1,97 @@
+//! The report: tables on stdout after each workload, and the report directory:
+//! results.jsonl (every record), <workload>.md (its tables, with its plots),
+//! <workload>_<metric>.svg (the plots) and README.md (an index, the command line,
+//! the figures).
+
+pub mod figures;
+pub mod plot;
+pub mod table;
+
+use crate::record::{write_jsonl, Record};
+use crate::workloads::Workload;
+use anyhow::{Context, Result};
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+
+/// The text tables of one workload, for stdout.
+pub fn text_tables(w: &dyn Workload, records: &[Record]) -> String {
+    let mut out = String::new();
+    for t in table::tables(w.name(), w.metrics(), records) {
+        out += &t.render_text();
+        out.push('\n');
+    }
+    out
+}
+
+/// Writes the report directory `dir` (created if missing).
+pub fn write_dir(
+    dir: &Path,
+    workloads: &[&dyn Workload],
+    records: &[Record],
+    command: &str,
+    warnings: &[String],
+) -> Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let jsonl = dir.join("results.jsonl");
+    write_jsonl(
+        std::io::BufWriter::new(
+            fs::File::create(&jsonl).with_context(|| format!("creating {}", jsonl.display()))?,
+        ),
+        records,
+    )?;
+
+    let mut index = String::new();
+    writeln!(index, "# mmlab report\n")?;
+    writeln!(index, "Command line:\n\n```\n{command}\n```\n")?;
+    writeln!(
+        index,
+        "CPUs: {}. Every record is in [results.jsonl](results.jsonl) (JSON Lines, one \
+         record per figure). Percentages compare each column with the first.\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    )?;
+    writeln!(index, "## Figures\n")?;
+    for f in figures::figures(records) {
+        writeln!(index, "- {f}")?;
+    }
+    if !warnings.is_empty() {
+        writeln!(index, "\n## Warnings\n")?;
+        for w in warnings {
+            writeln!(index, "- {w}")?;
+        }
+    }
+    writeln!(index, "\n## Tables\n")?;
+    for w in workloads {
+        let tables = table::tables(w.name(), w.metrics(), records);
+        let mut md = format!("# {}\n\n{}\n", w.name(), w.description());
+        writeln!(
+            index,
+            "- [{}]({}.md): {}",
+            w.name(),
+            w.name(),
+            w.description()
+        )?;
+        for t in &tables {
+            let svg = plot::file_name(t);
+            plot::plot(t, &dir.join(&svg))?;
+            writeln!(
+                md,
+                "\n## {}\n\n{}\n![{}]({svg})",
+                t.title(),
+                t.render_markdown(),
+                t.metric
+            )?;
+            let case = t
+                .case
+                .as_ref()
+                .map(|c| format!(" ({c})"))
+                .unwrap_or_default();
+            writeln!(index, "  - {}{case}: [plot]({svg})", t.metric)?;
+        }
+        let path = dir.join(format!("{}.md", w.name()));
+        fs::write(&path, md).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let path = dir.join("README.md");
+    fs::write(&path, index).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}

@@ -1,0 +1,262 @@
+//! Runs the lab: for each workload and thread count, every variant in turn
+//! (A, B, C at 1 thread, then A, B, C at 2 threads, ...), all in this process,
+//! so that the variants of a figure are measured side by side under the same
+//! conditions. Also the timed multi-thread harness (`run_workers`) that the
+//! workloads use:
+//!
+//! 1. each thread builds its worker, pins itself to a CPU (thread i on the i-th
+//!    allowed CPU, round robin) and waits on a barrier with the main thread;
+//! 2. warmup: workers run, their ops are not counted;
+//! 3. the main thread snapshots the zone lock counters and the clock, flips the
+//!    phase to "measure", sleeps for the duration, flips it to "stop" and takes
+//!    the clock and the counters again;
+//! 4. every worker counts its ops in a local counter; after the stop, the workers
+//!    meet on a second barrier (so nothing is still in flight between them) and
+//!    release what they hold.
+//!
+//! The result is total ops / elapsed, the lock counter delta and the number of
+//! failed allocations (out of memory is counted, never a panic).
+
+use crate::peers::Peer;
+use crate::record::Record;
+use crate::workloads::{self, Workload};
+use anyhow::Result;
+use crossbeam_utils::CachePadded;
+use indicatif::{ProgressBar, ProgressStyle};
+use mmkit::LockStats;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+/// How long each measured point runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// Unmeasured run before the measured interval (caches, PCP lists, malloc
+    /// thread caches, first-touch faults of the mallocs).
+    pub warmup: Duration,
+    /// The measured interval.
+    pub duration: Duration,
+}
+
+/// What a run does, from the command line.
+pub struct Config {
+    /// Thread counts; `None` means each workload's default.
+    pub threads: Option<Vec<usize>>,
+    /// Variants in column order; `None` means every variant the workload applies to.
+    pub variants: Option<Vec<String>>,
+    pub timing: Timing,
+    /// Bytes of mmkit arena (and of the buddy peer's buffer).
+    pub memory: usize,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+/// One unit of a workload's per-thread loop.
+pub trait Worker {
+    /// Does one step of the loop; returns how many ops it completed.
+    fn step(&mut self) -> u64;
+    /// Releases whatever the worker still holds. Called once, after the stop and
+    /// after every worker has left its loop.
+    fn finish(&mut self) {}
+    /// Allocations that failed (out of memory) during the whole run.
+    fn failures(&self) -> u64 {
+        0
+    }
+}
+
+/// What `run_workers` measured.
+#[derive(Clone, Copy, Debug)]
+pub struct Measured {
+    /// Ops counted in the measured interval, all threads summed.
+    pub ops: u64,
+    pub elapsed: Duration,
+    /// Zone lock counters over the measured interval (mmkit variants).
+    pub lock: Option<LockStats>,
+    /// Failed allocations, all threads summed.
+    pub failures: u64,
+}
+
+impl Measured {
+    pub fn ops_per_sec(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+const WARMUP: u8 = 0;
+const MEASURE: u8 = 1;
+const STOP: u8 = 2;
+
+/// Runs `threads` workers built by `make(thread_index)` (on their own thread)
+/// with the warmup and measured interval of `timing`; see the module comment.
+pub fn run_workers<W, F>(peer: &Peer, threads: usize, timing: &Timing, make: F) -> Measured
+where
+    W: Worker,
+    F: Fn(usize) -> W + Sync,
+{
+    let threads = threads.max(1);
+    let phase = CachePadded::new(AtomicU8::new(WARMUP));
+    let start = Barrier::new(threads + 1);
+    let stopped = Barrier::new(threads);
+    let cpus = allowed_cpus();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|tid| {
+                let (phase, start, stopped, make, cpus) = (&phase, &start, &stopped, &make, &cpus);
+                s.spawn(move || {
+                    if !cpus.is_empty() {
+                        pin_to_cpu(cpus[tid % cpus.len()]);
+                    }
+                    let mut w = make(tid);
+                    start.wait();
+                    let mut ops = 0u64;
+                    loop {
+                        let ph = phase.load(Ordering::Relaxed);
+                        if ph == STOP {
+                            break;
+                        }
+                        let n = w.step();
+                        if ph == MEASURE {
+                            ops += n;
+                        }
+                    }
+                    stopped.wait();
+                    w.finish();
+                    (ops, w.failures())
+                })
+            })
+            .collect();
+        start.wait();
+        std::thread::sleep(timing.warmup);
+        let before = peer.lock_stats();
+        let t0 = Instant::now();
+        phase.store(MEASURE, Ordering::Relaxed);
+        std::thread::sleep(timing.duration);
+        phase.store(STOP, Ordering::Relaxed);
+        let elapsed = t0.elapsed();
+        let after = peer.lock_stats();
+        let (mut ops, mut failures) = (0, 0);
+        for h in handles {
+            let (o, f) = h.join().expect("worker thread panicked");
+            ops += o;
+            failures += f;
+        }
+        Measured {
+            ops,
+            elapsed,
+            lock: after.zip(before).map(|(a, b)| a.since(&b)),
+            failures,
+        }
+    })
+}
+
+/// The CPUs this process may run on (empty if unknown: then nothing is pinned).
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data (all-zero is the empty set), and
+    // sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Pins the calling thread to `cpu` (best effort: a refusal leaves it unpinned).
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: the set is plain data, built with CPU_ZERO/CPU_SET on a valid CPU
+    // index (< CPU_SETSIZE, it came from allowed_cpus); pid 0 is this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// The variants `workload` runs in under `config`, in column order.
+pub fn variants_for(workload: &dyn Workload, config: &Config) -> Vec<String> {
+    match &config.variants {
+        Some(v) => v.clone(),
+        None => crate::peers::VARIANTS
+            .iter()
+            .map(|v| v.name.to_string())
+            .filter(|v| workload.applies_to(v))
+            .collect(),
+    }
+}
+
+/// The thread counts `workload` runs at under `config`.
+pub fn threads_for(workload: &dyn Workload, config: &Config) -> Vec<usize> {
+    config
+        .threads
+        .clone()
+        .unwrap_or_else(|| workload.default_threads().to_vec())
+}
+
+/// Runs every workload in every variant and thread count, interleaved as the
+/// module comment says. `done` is called after each workload with its records
+/// (through the progress bar, so printing from it is clean). Problems that do not
+/// stop the run (a failed `check` after a workload) go to stderr and `warnings`.
+pub fn run(
+    config: &Config,
+    list: &[&dyn Workload],
+    warnings: &mut Vec<String>,
+    mut done: impl FnMut(&dyn Workload, &[Record]),
+) -> Result<Vec<Record>> {
+    let total: usize = list
+        .iter()
+        .map(|w| variants_for(*w, config).len() * threads_for(*w, config).len())
+        .sum();
+    let pb = if config.progress {
+        let pb = ProgressBar::new(total as u64);
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} points (eta {eta}) {msg}",
+            )
+            .expect("valid template"),
+        );
+        pb.enable_steady_tick(Duration::from_millis(250));
+        pb
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut all = Vec::new();
+    for &w in list {
+        let variants = variants_for(w, config);
+        let threads = threads_for(w, config);
+        pb.set_message(format!(
+            "{}: building {} variants",
+            w.name(),
+            variants.len()
+        ));
+        let peers = variants
+            .iter()
+            .map(|v| Peer::create(v, config.memory))
+            .collect::<Result<Vec<_>>>()?;
+        let mut records = Vec::new();
+        for &t in &threads {
+            for (name, peer) in variants.iter().zip(&peers) {
+                pb.set_message(format!("{} {} threads={}", w.name(), name, t));
+                peer.settle();
+                let figures = w.run(peer, t, &config.timing);
+                records.extend(workloads::to_records(w, name, t, config, figures));
+                pb.inc(1);
+            }
+        }
+        for (name, peer) in variants.iter().zip(&peers) {
+            if let Err(e) = peer.check() {
+                let msg = format!("{} / {}: {:#}", w.name(), name, e);
+                pb.suspend(|| eprintln!("warning: {msg}"));
+                warnings.push(msg);
+            }
+        }
+        drop(peers);
+        pb.suspend(|| done(w, &records));
+        all.extend(records);
+    }
+    pb.finish_and_clear();
+    Ok(all)
+}

@@ -1,0 +1,302 @@
+//! The workloads: what each measured point runs. A workload is a `Workload`
+//! (name, description, metric list, default thread counts, and a `run` that
+//! measures one point for one variant at one thread count); adding one is a new
+//! file here plus a line in `all()`, and a section in docs/lab.md.
+//!
+//! Most workloads are a per-thread loop (`runner::Worker`) under
+//! `runner::run_workers`, and report the `STANDARD` metrics through
+//! `standard_figures`.
+
+mod alloc_free;
+mod alloc_free_batch;
+mod alloc_free_orders;
+mod cross_cpu_free;
+
+use crate::peers::Peer;
+use crate::record::Record;
+use crate::runner::{Config, Measured, Timing};
+use serde_json::{Map, Value};
+
+/// A named figure a workload reports. Names are stable (docs/lab.md).
+#[derive(Debug)]
+pub struct Metric {
+    pub name: &'static str,
+    pub unit: &'static str,
+    pub description: &'static str,
+    pub higher_is_better: bool,
+    /// Only mmkit variants report it (the others have no zone lock).
+    pub mmkit_only: bool,
+    /// Leave its table out of the report when every value is zero.
+    pub hide_if_zero: bool,
+}
+
+pub const OPS_PER_SEC: Metric = Metric {
+    name: "ops_per_sec",
+    unit: "1/s",
+    description: "operations per second, all threads summed (the workload says what an op is)",
+    higher_is_better: true,
+    mmkit_only: false,
+    hide_if_zero: false,
+};
+
+pub const ZONE_LOCK_CONTENDED_PCT: Metric = Metric {
+    name: "zone_lock_contended_pct",
+    unit: "%",
+    description: "zone lock acquisitions that found the lock held, in percent of all \
+                  acquisitions over the measured interval (0 if none)",
+    higher_is_better: false,
+    mmkit_only: true,
+    hide_if_zero: false,
+};
+
+pub const ZONE_LOCK_ACQUISITIONS_PER_KOP: Metric = Metric {
+    name: "zone_lock_acquisitions_per_kop",
+    unit: "1/kop",
+    description: "zone lock acquisitions per 1000 ops over the measured interval",
+    higher_is_better: false,
+    mmkit_only: true,
+    hide_if_zero: false,
+};
+
+pub const ALLOC_FAILURES: Metric = Metric {
+    name: "alloc_failures",
+    unit: "count",
+    description: "allocations that failed (out of memory) during the point, warmup included; \
+                  its table is shown only when some value is not zero",
+    higher_is_better: false,
+    mmkit_only: false,
+    hide_if_zero: true,
+};
+
+/// The metrics of a `run_workers` workload.
+pub const STANDARD: &[Metric] = &[
+    OPS_PER_SEC,
+    ZONE_LOCK_CONTENDED_PCT,
+    ZONE_LOCK_ACQUISITIONS_PER_KOP,
+    ALLOC_FAILURES,
+];
+
+/// Every metric any workload reports, for `mmlab list`.
+pub fn all_metrics() -> Vec<&'static Metric> {
+    let mut out: Vec<&'static Metric> = Vec::new();
+    for w in all() {
+        for m in w.metrics() {
+            if !out.iter().any(|o| o.name == m.name) {
+                out.push(m);
+            }
+        }
+    }
+    out
+}
+
+/// One value a workload measured at one point.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figure {
+    pub metric: &'static str,
+    pub value: f64,
+    /// Sub-case, e.g. "2MiB"; `None` for a workload's plain figures.
+    pub case: Option<String>,
+}
+
+impl Figure {
+    pub fn new(metric: &'static str, value: f64) -> Figure {
+        Figure {
+            metric,
+            value,
+            case: None,
+        }
+    }
+}
+
+/// A lab workload.
+pub trait Workload: Sync {
+    /// Stable name, used on the command line and in the records.
+    fn name(&self) -> &'static str;
+    /// One paragraph: what each thread does and what an op is.
+    fn description(&self) -> &'static str;
+    /// The metrics it reports, in table order.
+    fn metrics(&self) -> &'static [Metric] {
+        STANDARD
+    }
+    /// Thread counts when `--threads` is not given.
+    fn default_threads(&self) -> &'static [usize] {
+        &[1, 2, 4, 8]
+    }
+    /// Whether it runs in `variant` by default.
+    fn applies_to(&self, _variant: &str) -> bool {
+        true
+    }
+    /// Its own settings, for the records' `params` (batch size, orders, ...).
+    fn params(&self) -> Map<String, Value> {
+        Map::new()
+    }
+    /// Measures one point: `threads` threads on `peer` for `timing`.
+    fn run(&self, peer: &Peer, threads: usize, timing: &Timing) -> Vec<Figure>;
+}
+
+/// Every workload, in run order.
+pub fn all() -> Vec<&'static dyn Workload> {
+    vec![
+        &alloc_free::AllocFree,
+        &alloc_free_batch::AllocFreeBatch,
+        &alloc_free_orders::AllocFreeOrders,
+        &cross_cpu_free::CrossCpuFree,
+    ]
+}
+
+/// The workload called `name`.
+pub fn by_name(name: &str) -> Option<&'static dyn Workload> {
+    all().into_iter().find(|w| w.name() == name)
+}
+
+/// The `STANDARD` figures of a `run_workers` measurement, whose ops are
+/// alloc+free pairs (or freed blocks).
+pub fn standard_figures(m: &Measured) -> Vec<Figure> {
+    let mut out = vec![Figure::new(OPS_PER_SEC.name, m.ops_per_sec())];
+    if let Some(l) = &m.lock {
+        let pct = if l.acquisitions == 0 {
+            0.0
+        } else {
+            l.contended as f64 * 100.0 / l.acquisitions as f64
+        };
+        let per_kop = if m.ops == 0 {
+            0.0
+        } else {
+            l.acquisitions as f64 * 1000.0 / m.ops as f64
+        };
+        out.push(Figure::new(ZONE_LOCK_CONTENDED_PCT.name, pct));
+        out.push(Figure::new(ZONE_LOCK_ACQUISITIONS_PER_KOP.name, per_kop));
+    }
+    out.push(Figure::new(ALLOC_FAILURES.name, m.failures as f64));
+    out
+}
+
+/// The unit of `metric` as `workload` declares it ("" if undeclared).
+fn unit_of(workload: &dyn Workload, metric: &str) -> &'static str {
+    workload
+        .metrics()
+        .iter()
+        .find(|m| m.name == metric)
+        .map_or("", |m| m.unit)
+}
+
+/// Turns one point's figures into records, with the run's settings as params.
+pub fn to_records(
+    workload: &dyn Workload,
+    variant: &str,
+    threads: usize,
+    config: &Config,
+    figures: Vec<Figure>,
+) -> Vec<Record> {
+    let mut params = Map::new();
+    params.insert(
+        "duration_ms".into(),
+        (config.timing.duration.as_millis() as u64).into(),
+    );
+    params.insert(
+        "warmup_ms".into(),
+        (config.timing.warmup.as_millis() as u64).into(),
+    );
+    params.insert("memory_bytes".into(), (config.memory as u64).into());
+    params.extend(workload.params());
+    figures
+        .into_iter()
+        .map(|f| Record {
+            workload: workload.name().to_string(),
+            variant: variant.to_string(),
+            threads,
+            metric: f.metric.to_string(),
+            value: f.value,
+            unit: unit_of(workload, f.metric).to_string(),
+            case: f.case,
+            params: Some(params.clone()),
+        })
+        .collect()
+}
+
+/// A small, fast PRNG (xorshift64*) so that mixed-order workloads draw the same
+/// sequence in every variant.
+pub struct XorShift(u64);
+
+impl XorShift {
+    /// Seeded per thread; equal seeds give equal sequences.
+    pub fn new(seed: u64) -> XorShift {
+        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    #[inline]
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+    use std::time::Duration;
+
+    #[test]
+    fn names_are_unique_and_found() {
+        let mut seen = HashSet::new();
+        for w in all() {
+            assert!(seen.insert(w.name()), "duplicate {}", w.name());
+            assert!(by_name(w.name()).is_some());
+            assert!(!w.description().is_empty());
+            assert!(w.metrics().iter().any(|m| m.name == "ops_per_sec"));
+        }
+    }
+
+    #[test]
+    fn standard_figures_from_a_measurement() {
+        let m = Measured {
+            ops: 2000,
+            elapsed: Duration::from_secs(2),
+            lock: Some(mmkit::LockStats {
+                acquisitions: 100,
+                contended: 25,
+                wait_ns: 0,
+            }),
+            failures: 0,
+        };
+        let f = standard_figures(&m);
+        let get = |n: &str| f.iter().find(|x| x.metric == n).unwrap().value;
+        assert_eq!(get("ops_per_sec"), 1000.0);
+        assert_eq!(get("zone_lock_contended_pct"), 25.0);
+        assert_eq!(get("zone_lock_acquisitions_per_kop"), 50.0);
+        let no_lock = Measured { lock: None, ..m };
+        assert!(standard_figures(&no_lock)
+            .iter()
+            .all(|x| !x.metric.starts_with("zone_lock")));
+    }
+
+    #[test]
+    fn xorshift_is_deterministic() {
+        let (mut a, mut b) = (XorShift::new(7), XorShift::new(7));
+        for _ in 0..100 {
+            assert_eq!(a.next_u64(), b.next_u64());
+        }
+    }
+
+    #[test]
+    fn every_workload_runs_briefly_on_a_peer() {
+        let timing = Timing {
+            warmup: Duration::from_millis(5),
+            duration: Duration::from_millis(20),
+        };
+        let peer = Peer::create("buddy_system_allocator", 32 << 20).unwrap();
+        for w in all() {
+            for t in [1, 2, 3] {
+                let f = w.run(&peer, t, &timing);
+                let ops = f.iter().find(|x| x.metric == "ops_per_sec").unwrap().value;
+                assert!(ops > 0.0, "{} at {t} threads did nothing", w.name());
+            }
+            peer.check().unwrap();
+        }
+    }
+}
