@@ -38,6 +38,9 @@ use crate::platform::Platform;
 use crate::stat::{AtomicEvents, LockStats, VmEvent, VmEvents};
 use crate::zone::{MemMap, Span, Zone, ZoneGuard};
 
+/// Cluster refills of at least this many pages merge lazily freed pages first.
+const PCP_CLUSTER_MERGE_PAGES: u32 = 256;
+
 /// Why an allocation failed.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum AllocError {
@@ -442,20 +445,30 @@ impl<P: Platform> PageAlloc<P> {
         list: &mut PcpList,
     ) -> u32 {
         let mem = &self.mem;
+        // A refill of a whole run is a high-order request in disguise: merge the
+        // order-0 pages that lazy merging left behind first (merge on demand), so
+        // the run comes from a few recently freed blocks rather than from many
+        // fragments or from a cold, never-split block.
+        if zg.nr_unmerged > 0 && entries << order >= PCP_CLUSTER_MERGE_PAGES {
+            zg.merge_all(mem, span);
+        }
         let mut got = 0u32;
         while got < entries {
             let need_pages = (entries - got) << order;
             let want = (32 - (need_pages - 1).leading_zeros()).clamp(order, MAX_ORDER);
-            // The smallest block that covers the rest, else the largest smaller one.
+            // Blocks smaller than the rest first, largest first: they are the most
+            // recently freed (cache-warm) and the fragments, and using them up keeps
+            // large blocks whole for high-order requests. Only then split the
+            // smallest block that covers the rest.
             let mut pick = None;
-            for o in want..=MAX_ORDER {
+            for o in (order..want).rev() {
                 if zg.free_area[o as usize][mt].nr > 0 {
                     pick = Some(o);
                     break;
                 }
             }
             if pick.is_none() {
-                for o in (order..want).rev() {
+                for o in want..=MAX_ORDER {
                     if zg.free_area[o as usize][mt].nr > 0 {
                         pick = Some(o);
                         break;

@@ -5,13 +5,28 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+fn pin(cpu: usize) {
+    // SAFETY: plain libc calls on a zeroed cpu_set_t.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 fn run(name: &str, b: MmBuilder) {
+    if let Ok(only) = std::env::var("ONLY") {
+        if only != name {
+            return;
+        }
+    }
     let mm = b.memory(1 << 30).prefault(true).build().unwrap();
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Pfn>>(64);
     let stop = Arc::new(AtomicBool::new(false));
     let freed = Arc::new(AtomicU64::new(0));
     let (m1, s1) = (mm.clone(), stop.clone());
     let prod = std::thread::spawn(move || {
+        pin(0);
         while !s1.load(Ordering::Relaxed) {
             let mut v = Vec::with_capacity(32);
             for _ in 0..32 {
@@ -26,6 +41,7 @@ fn run(name: &str, b: MmBuilder) {
     });
     let (m2, f2) = (mm.clone(), freed.clone());
     let cons = std::thread::spawn(move || {
+        pin(1);
         for v in rx {
             for p in v {
                 m2.free_pages(p, 0).unwrap();
@@ -47,6 +63,15 @@ fn run(name: &str, b: MmBuilder) {
     prod.join().unwrap();
     cons.join().unwrap();
     let info = &mm.zone_info()[0];
+    if std::env::var("EVENTS").is_ok() {
+        for (k, x) in mm.vm_events().iter() {
+            if x > 0 {
+                print!("{k}={x} ");
+            }
+        }
+        println!("unmerged={}", info.nr_unmerged);
+        print!("{}", mm.buddyinfo());
+    }
     println!(
         "{name:40} {:6.2} M/s  lock/kop {:5.1} contended {:5.2}%  pcp(high,count) {:?}",
         n as f64 / dt / 1e6,
