@@ -17,6 +17,25 @@ pub enum MergePolicy {
     /// Skip the merge for order-0 frees; merge on demand when a high-order request,
     /// a fallback or compaction needs it.
     Lazy,
+    /// Skip the merge for order-0 frees and never merge on demand (Linux's first
+    /// skip-merge patch alone): lazily freed pages merge only with blocks freed
+    /// later next to them. Compaction still migrates, as for `Eager`, but has no
+    /// merge step. Kept to show the trade-off merge on demand removes.
+    LazyNoMerge,
+}
+
+impl MergePolicy {
+    /// Do order-0 frees skip the merge?
+    #[inline]
+    pub const fn skips_merge(self) -> bool {
+        !matches!(self, MergePolicy::Eager)
+    }
+    /// Are lazily freed pages merged on demand (high-order requests, fallbacks,
+    /// cluster refills, the slow path, compaction)?
+    #[inline]
+    pub const fn merges_on_demand(self) -> bool {
+        matches!(self, MergePolicy::Lazy)
+    }
 }
 
 /// How per-CPU lists are refilled from and drained to the zone.

@@ -63,6 +63,11 @@ impl Gfp {
     pub const fn can_direct_reclaim(self) -> bool {
         self.0 & GFP_DIRECT_RECLAIM_BIT != 0
     }
+    /// May the allocation wake the background threads (kswapd, kcompactd)?
+    #[inline]
+    pub const fn can_wake_kswapd(self) -> bool {
+        self.0 & GFP_KSWAPD_RECLAIM_BIT != 0
+    }
 }
 
 impl BitOr for Gfp {

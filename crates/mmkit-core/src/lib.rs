@@ -1,6 +1,7 @@
 //! mmkit-core: the `no_std` heart of mmkit — page descriptors, the buddy allocator
-//! with zones, migratetypes, pageblocks and watermarks, per-CPU page lists, the
-//! statistics counters, and the page-clearing kernels.
+//! with zones, migratetypes, pageblocks and watermarks, per-CPU page lists,
+//! compaction's free-page side, the statistics counters, and the page-clearing
+//! kernels.
 //!
 //! Nothing here starts threads, opens files or calls libc. The environment (current
 //! CPU, a clock, the zone lock type) comes in through [`Platform`]; memory comes in as
@@ -12,6 +13,7 @@
 extern crate alloc;
 
 pub mod clear;
+pub mod compaction;
 pub mod config;
 pub mod gfp;
 pub mod page;
@@ -22,6 +24,7 @@ pub mod stat;
 pub mod zone;
 
 pub use crate::page_alloc::{AllocError, FreeError, NoHooks, PageAlloc, SlowPathHooks, ZoneInfo};
+pub use compaction::{CompactControl, CompactMode, CompactStats};
 pub use config::{Config, MergePolicy, PcpHighPolicy, PcpPolicy, RefillPolicy};
 pub use gfp::{AllocContext, Gfp, MigrateType, MIGRATE_PCPTYPES, MIGRATE_TYPES};
 pub use page::{

@@ -7,8 +7,10 @@
 //! Slow path (`__alloc_pages_slowpath`): wake kswapd (hook), retry at the min
 //! watermark (atomic requests may go lower: half of min for `__GFP_HIGH`, a further
 //! quarter when they cannot sleep), drain every CPU's lists and merge what lazy
-//! merging skipped, try compaction and reclaim (hooks), give back high-atomic
-//! reserves, and only then report out of memory.
+//! merging skipped (merge on demand; not under `LazyNoMerge`), try compaction
+//! (hooks; a block the compaction captured is returned at once) and reclaim, give
+//! back high-atomic reserves, and only then report out of memory. Background
+//! threads are woken only for requests whose `Gfp` allows it.
 //!
 //! Free validation: `free_pages` claims the block by one compare-and-swap of its head
 //! descriptor from `Alloc` (with the caller's order) to `None`. Anything else — a
@@ -76,6 +78,12 @@ pub trait SlowPathHooks {
     fn direct_compact(&self, _order: u32, _mt: MigrateType) -> bool {
         false
     }
+    /// A block of `order` that the last `direct_compact` captured for this request
+    /// (Linux's `compaction_capture`): already allocated (state `Alloc`, refcount
+    /// 1), so no other task could take it between the compaction and the retry.
+    fn take_captured(&self, _order: u32) -> Option<Pfn> {
+        None
+    }
     /// Try direct reclaim; returns the pages freed.
     fn direct_reclaim(&self, _order: u32) -> u64 {
         0
@@ -117,11 +125,11 @@ pub struct ZoneInfo {
 
 /// The page allocator over a memmap of `nr_pages` frames.
 pub struct PageAlloc<P: Platform> {
-    cfg: Config,
-    mem: MemMap,
-    zones: Box<[Zone<P>]>,
+    pub(crate) cfg: Config,
+    pub(crate) mem: MemMap,
+    pub(crate) zones: Box<[Zone<P>]>,
     pcp: Box<[PerCpuPages]>,
-    events: Box<[AtomicEvents]>,
+    pub(crate) events: Box<[AtomicEvents]>,
     ncpu: usize,
     nr_pages: u64,
 }
@@ -205,6 +213,7 @@ impl<P: Platform> PageAlloc<P> {
                 MigrateType::Movable as usize,
             );
             g.lock_stats = LockStats::default();
+            g.merge_on_demand = pa.cfg.merge.merges_on_demand();
         }
         Ok(pa)
     }
@@ -230,7 +239,7 @@ impl<P: Platform> PageAlloc<P> {
     }
 
     #[inline]
-    fn cpu(&self) -> usize {
+    pub(crate) fn cpu(&self) -> usize {
         let id = P::cpu_id();
         if id < self.ncpu {
             id
@@ -274,7 +283,7 @@ impl<P: Platform> PageAlloc<P> {
     }
 
     #[inline]
-    fn prep_new_page(&self, idx: u32, order: u32, mt: usize) -> Pfn {
+    pub(crate) fn prep_new_page(&self, idx: u32, order: u32, mt: usize) -> Pfn {
         let p = self.mem.page(idx);
         p.refcount.store(1, Ordering::Relaxed);
         p.flags.store(
@@ -449,7 +458,7 @@ impl<P: Platform> PageAlloc<P> {
         // order-0 pages that lazy merging left behind first (merge on demand), so
         // the run comes from a few recently freed blocks rather than from many
         // fragments or from a cold, never-split block.
-        if zg.nr_unmerged > 0 && entries << order >= PCP_CLUSTER_MERGE_PAGES {
+        if zg.nr_unmerged > 0 && zg.merge_on_demand && entries << order >= PCP_CLUSTER_MERGE_PAGES {
             zg.merge_all(mem, span);
         }
         let mut got = 0u32;
@@ -459,16 +468,20 @@ impl<P: Platform> PageAlloc<P> {
             // Blocks smaller than the rest first, largest first: they are the most
             // recently freed (cache-warm) and the fragments, and using them up keeps
             // large blocks whole for high-order requests. Only then split the
-            // smallest block that covers the rest.
+            // smallest block that covers the rest. Fragments are blocks below a
+            // pageblock: a large refill (auto-tuned batches reach 2016 pages) must
+            // not take whole free pageblocks, which huge pages need, while smaller
+            // blocks are free.
+            let small = want.min(PAGEBLOCK_ORDER).max(order);
             let mut pick = None;
-            for o in (order..want).rev() {
+            for o in (order..small).rev() {
                 if zg.free_area[o as usize][mt].nr > 0 {
                     pick = Some(o);
                     break;
                 }
             }
             if pick.is_none() {
-                for o in want..=MAX_ORDER {
+                for o in small..=MAX_ORDER {
                     if zg.free_area[o as usize][mt].nr > 0 {
                         pick = Some(o);
                         break;
@@ -535,7 +548,9 @@ impl<P: Platform> PageAlloc<P> {
     ) -> Result<Pfn, AllocError> {
         let cpu = self.cpu();
         self.events[cpu].inc(VmEvent::AllocSlowpath);
-        hooks.wake_kswapd(order);
+        if ac.gfp.can_wake_kswapd() {
+            hooks.wake_kswapd(order);
+        }
         let flags = ac.slow_flags;
         let attempt = |this: &Self| this.get_page_from_freelist(order, flags, ac);
         if let Some(idx) = attempt(self) {
@@ -544,7 +559,9 @@ impl<P: Platform> PageAlloc<P> {
         // Memory held on per-CPU lists and lazily freed pages count as free: put
         // them back in the buddy lists, merged, before going further.
         self.drain_all_pages();
-        self.merge_all();
+        if self.cfg.merge.merges_on_demand() {
+            self.merge_all();
+        }
         if let Some(idx) = attempt(self) {
             return Ok(self.prep_new_page(idx, order, ac.mt));
         }
@@ -552,6 +569,11 @@ impl<P: Platform> PageAlloc<P> {
             for _ in 0..4 {
                 let compacted =
                     order > 0 && hooks.direct_compact(order, MigrateType::from_index(ac.mt));
+                if compacted {
+                    if let Some(pfn) = hooks.take_captured(order) {
+                        return Ok(self.prep_new_page(pfn.get() as u32, order, ac.mt));
+                    }
+                }
                 let reclaimed = hooks.direct_reclaim(order) > 0;
                 if !compacted && !reclaimed {
                     break;
@@ -592,7 +614,7 @@ impl<P: Platform> PageAlloc<P> {
 
     /// Validates a free and takes ownership of the block; returns its migratetype.
     #[inline]
-    fn claim_for_free(&self, pfn: Pfn, order: u32) -> Result<usize, FreeError> {
+    pub(crate) fn claim_for_free(&self, pfn: Pfn, order: u32) -> Result<usize, FreeError> {
         if order > MAX_ORDER {
             return Err(FreeError::InvalidOrder);
         }
@@ -702,7 +724,7 @@ impl<P: Platform> PageAlloc<P> {
         }
         let zone = &self.zones[z];
         let mut zg = zone.lock();
-        let merge = !(order == 0 && self.cfg.merge == MergePolicy::Lazy);
+        let merge = !(order == 0 && self.cfg.merge.skips_merge());
         zg.free_one(&self.mem, zone.span, idx, order, merge);
         zg.events[VmEvent::PgFree as usize] += 1;
     }
@@ -804,7 +826,7 @@ impl<P: Platform> PageAlloc<P> {
             if cluster {
                 chunk.sort_unstable();
             }
-            let lazy0 = order == 0 && self.cfg.merge == MergePolicy::Lazy;
+            let lazy0 = order == 0 && self.cfg.merge.skips_merge();
             let mut zg = zone.lock();
             if cluster {
                 // Free aligned contiguous runs as whole blocks: one head written per run.
@@ -905,6 +927,12 @@ impl<P: Platform> PageAlloc<P> {
         buddy + pcp
     }
 
+    /// Adds `n` to an event counter (for the layers above: compaction, migration).
+    #[inline]
+    pub fn count_vm_event(&self, e: VmEvent, n: u64) {
+        self.events[self.cpu()].add(e, n);
+    }
+
     /// Folded event counters.
     pub fn vm_events(&self) -> VmEvents {
         let mut ev = VmEvents::default();
@@ -939,6 +967,7 @@ impl<P: Platform> PageAlloc<P> {
             let mut g = z.lock();
             g.events = [0; crate::stat::NR_VM_EVENTS];
             g.lock_stats = LockStats::default();
+            z.compact.reset_counters();
         }
         for p in self.pcp.iter() {
             p.lock(P::relax).events = [0; crate::stat::NR_VM_EVENTS];

@@ -72,6 +72,35 @@ vm_events! {
     PcpHighGrow = "pcp_high_grow",
     /// Per-CPU `high` lowered by auto-tuning (decay or zone pressure).
     PcpHighShrink = "pcp_high_shrink",
+    /// Direct compactions run by an allocating task (compaction stalls); each
+    /// ends in exactly one `compact_success` or `compact_fail`.
+    CompactStall = "compact_stall",
+    /// Direct compactions that left a free block of the requested order.
+    CompactSuccess = "compact_success",
+    /// Direct compactions that did not.
+    CompactFail = "compact_fail",
+    /// Direct compactions skipped because compaction of that order was deferred.
+    CompactDeferred = "compact_deferred",
+    /// Pages looked at by the migrate scanner.
+    CompactMigrateScanned = "compact_migrate_scanned",
+    /// Pages looked at by the free scanner.
+    CompactFreeScanned = "compact_free_scanned",
+    /// Pages isolated for migration (each ends in `pgmigrate_success` or
+    /// `pgmigrate_fail`).
+    CompactIsolated = "compact_isolated",
+    /// Free pages isolated as migration targets.
+    CompactFreeIsolated = "compact_free_isolated",
+    /// Wake-ups of the background compaction thread (kcompactd) that found work.
+    CompactDaemonWake = "compact_daemon_wake",
+    /// Proactive compaction passes of kcompactd (fragmentation score too high).
+    CompactProactive = "compact_proactive",
+    /// Pages migrated.
+    PgMigrateSuccess = "pgmigrate_success",
+    /// Pages whose migration failed (pinned, busy, or changed meanwhile).
+    PgMigrateFail = "pgmigrate_fail",
+    /// Of `pgmigrate_fail`: pages pinned by an extra reference or an access in
+    /// progress, left where they are.
+    PgMigratePinned = "pgmigrate_fail_pinned",
 }
 
 /// Number of vmstat events.
@@ -114,6 +143,12 @@ impl AtomicEvents {
     #[inline]
     pub(crate) fn inc(&self, e: VmEvent) {
         self.0[e as usize].fetch_add(1, Ordering::Relaxed);
+    }
+    #[inline]
+    pub(crate) fn add(&self, e: VmEvent, n: u64) {
+        if n != 0 {
+            self.0[e as usize].fetch_add(n, Ordering::Relaxed);
+        }
     }
     pub(crate) fn fold_into(&self, out: &mut VmEvents) {
         for (a, b) in out.0.iter_mut().zip(self.0.iter()) {

@@ -14,6 +14,8 @@
 //! later merges every such page (merge on demand), which yields exactly the free
 //! lists eager merging would have, since a fully merged buddy state is determined
 //! by the set of free pages alone.
+//! Under `LazyNoMerge` (`merge_on_demand` false) nothing merges on demand: lazily
+//! freed pages merge only with blocks freed next to them later.
 //!
 //! Invariants (checked by `PageAlloc::check`): every page of the span is covered
 //! exactly once by a free block, an allocated block, a per-CPU list entry or a
@@ -30,6 +32,7 @@ use core::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 use lock_api::RawMutex;
 
+use crate::compaction::CompactState;
 use crate::gfp::{
     MigrateType, ALLOC_HARDER, ALLOC_HIGH, ALLOC_WMARK_MASK, FALLBACKS, MIGRATE_PCPTYPES,
     MIGRATE_TYPES,
@@ -91,6 +94,8 @@ pub(crate) struct ZoneInner {
     pub events: [u64; NR_VM_EVENTS],
     /// Statistics of this zone's lock.
     pub lock_stats: LockStats,
+    /// Merge lazily freed pages on demand (false only under `LazyNoMerge`).
+    pub merge_on_demand: bool,
 }
 
 /// The span of a zone inside the memmap, for buddy arithmetic.
@@ -109,6 +114,9 @@ pub struct Zone<P: Platform> {
     pub(crate) wmark: [u64; 3],
     pub(crate) nr_free_mirror: AtomicU64,
     pub(crate) nr_highatomic_mirror: AtomicU64,
+    /// Compaction's per-zone state: deferral, cached scanner positions, counters
+    /// by order (atomics, see `compaction.rs`).
+    pub(crate) compact: CompactState,
     raw: P::ZoneLock,
     inner: UnsafeCell<ZoneInner>,
 }
@@ -165,6 +173,7 @@ impl<P: Platform> Zone<P> {
             wmark: [min, min + gap, min + 2 * gap],
             nr_free_mirror: AtomicU64::new(0),
             nr_highatomic_mirror: AtomicU64::new(0),
+            compact: CompactState::new(span.start, span.end),
             raw: P::ZoneLock::INIT,
             inner: UnsafeCell::new(ZoneInner {
                 free_area: [[FreeList::EMPTY; MIGRATE_TYPES]; NR_ORDERS],
@@ -173,6 +182,7 @@ impl<P: Platform> Zone<P> {
                 nr_reserved_highatomic: 0,
                 events: [0; NR_VM_EVENTS],
                 lock_stats: LockStats::default(),
+                merge_on_demand: true,
             }),
         }
     }
@@ -358,7 +368,8 @@ impl ZoneInner {
     }
 
     /// Linux's `__free_one_page`: puts a block back, merging with free buddies unless
-    /// `merge` is false (lazy order-0 free).
+    /// `merge` is false (lazy order-0 free). Returns the head and order of the free
+    /// block it ended up in (compaction's capture looks at it).
     pub(crate) fn free_one(
         &mut self,
         mm: &MemMap,
@@ -366,14 +377,14 @@ impl ZoneInner {
         mut idx: u32,
         mut order: u32,
         merge: bool,
-    ) {
+    ) -> (u32, u32) {
         if !merge {
             debug_assert_eq!(order, 0);
             let mt = mm.pageblock_mt(idx);
             self.add_free(mm, idx, 0, mt, PG_MERGE_SKIPPED);
             self.nr_unmerged += 1;
             self.events[VmEvent::MergeSkipped as usize] += 1;
-            return;
+            return (idx, 0);
         }
         while order < MAX_ORDER {
             let buddy = idx ^ (1 << order);
@@ -402,6 +413,7 @@ impl ZoneInner {
             .set_raw_flags(mk_flags(PageState::Buddy, order, mt as u32));
         self.list_add(mm, idx, order, mt, tail);
         self.nr_free += 1 << order;
+        (idx, order)
     }
 
     /// Merge on demand: merges every order-0 page that lazy merging left unmerged.
@@ -556,7 +568,7 @@ impl ZoneInner {
             }
             // Merge what lazy merging skipped before a high-order request gives up
             // on this migratetype or anti-fragmentation is forced to fall back.
-            if self.nr_unmerged > 0 {
+            if self.nr_unmerged > 0 && self.merge_on_demand {
                 self.merge_all(mm, span);
                 continue;
             }

@@ -9,7 +9,7 @@ fn main() -> Result<(), Error> {
     let mm = Mm::builder().memory(1 << 30).prefault(true).build()?;
     let sp = mm.new_space()?;
     let only_mmkit = std::env::args().nth(1).as_deref() == Some("mmkit");
-    for _ in 0..if only_mmkit { 6 } else { 2 } {
+    for _ in 0..if only_mmkit { 8 } else { 2 } {
         let t = Instant::now();
         let mut n = 0;
         for _ in 0..8 {

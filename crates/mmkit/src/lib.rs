@@ -4,7 +4,8 @@
 //! page allocator (zones, buddy lists per migratetype, pageblocks, watermarks,
 //! per-CPU page lists) from [`mmkit_core`], and adds the std runtime: the arena
 //! (mmap, THP / hugetlb), per-CPU identity, a background worker for per-CPU list
-//! auto-tuning, typed errors and `/proc`-style views.
+//! auto-tuning, address spaces, page migration and compaction (direct, and the
+//! kcompactd thread), typed errors and `/proc`-style views.
 //!
 //! ```
 //! use mmkit::{Gfp, Mm};
@@ -18,6 +19,8 @@
 //! ```
 
 mod arena;
+mod compaction;
+mod migrate;
 mod pgtable;
 mod platform;
 mod rmap;
@@ -28,17 +31,19 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 pub use arena::Backing;
+pub use compaction::{CompactResult, CompactSummary};
 pub use mmkit_core;
 pub use mmkit_core::clear::ClearStrategy;
 pub use mmkit_core::{
-    Config, Gfp, LockStats, MergePolicy, MigrateType, PcpHighPolicy, PcpPolicy, Pfn, RefillPolicy,
-    VmEvent, VmEvents, ZoneInfo, MAX_ORDER, PAGEBLOCK_ORDER, PAGE_SIZE,
+    CompactStats, Config, Gfp, LockStats, MergePolicy, MigrateType, PcpHighPolicy, PcpPolicy, Pfn,
+    RefillPolicy, VmEvent, VmEvents, ZoneInfo, MAX_ORDER, PAGEBLOCK_ORDER, PAGE_SIZE,
 };
 pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
 pub use platform::StdPlatform;
 pub use space::{MapFlags, Space, SpaceStats, Translation, MMAP_BASE};
 
-use mmkit_core::{AllocError, FreeError, NoHooks, PageAlloc};
+use compaction::{AllocHooks, CompactConfig, Kcompactd};
+use mmkit_core::{AllocError, FreeError, PageAlloc};
 
 /// Errors of the mmkit API. Every refused call changed nothing.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -141,17 +146,28 @@ pub enum Variant {
     MmkitEager,
     /// No per-CPU lists, eager merging: every call takes the zone lock.
     MmkitNoPcp,
+    /// `Mmkit` with lazy order-0 merging but no merge on demand
+    /// (`MergePolicy::LazyNoMerge`): Linux's first skip-merge patch alone, fast for
+    /// order 0 and poor for huge pages; compaction migrates as for the others but
+    /// has no merge step.
+    MmkitNoMerge,
 }
 
 impl Variant {
     /// All variants.
-    pub const ALL: [Variant; 3] = [Variant::Mmkit, Variant::MmkitEager, Variant::MmkitNoPcp];
+    pub const ALL: [Variant; 4] = [
+        Variant::Mmkit,
+        Variant::MmkitEager,
+        Variant::MmkitNoPcp,
+        Variant::MmkitNoMerge,
+    ];
     /// The lab name.
     pub const fn name(self) -> &'static str {
         match self {
             Variant::Mmkit => "mmkit",
             Variant::MmkitEager => "mmkit-eager",
             Variant::MmkitNoPcp => "mmkit-nopcp",
+            Variant::MmkitNoMerge => "mmkit-nomerge",
         }
     }
     /// From a lab name.
@@ -178,6 +194,12 @@ impl Variant {
                 RefillPolicy::PageByPage,
                 PcpHighPolicy::Fixed,
             ),
+            Variant::MmkitNoMerge => (
+                PcpPolicy::On,
+                MergePolicy::LazyNoMerge,
+                RefillPolicy::Cluster,
+                PcpHighPolicy::Auto,
+            ),
         };
         c.pcp = pcp;
         c.merge = merge;
@@ -194,6 +216,7 @@ pub struct MmBuilder {
     hugetlb: bool,
     prefault: bool,
     clear: ClearStrategy,
+    compact: CompactConfig,
 }
 
 /// A quarter of RAM, capped at 4 GiB.
@@ -265,6 +288,24 @@ impl MmBuilder {
         self.prefault = on;
         self
     }
+    /// Direct compaction in the allocation slow path of high-order requests
+    /// (default on).
+    pub fn compaction(mut self, on: bool) -> Self {
+        self.compact.direct = on;
+        self
+    }
+    /// The background compaction thread, kcompactd (default on).
+    pub fn kcompactd(mut self, on: bool) -> Self {
+        self.compact.kcompactd = on;
+        self
+    }
+    /// Linux's `vm.compaction_proactiveness`, 0..=100 (default 20): kcompactd
+    /// compacts in the background while the fragmentation score is above
+    /// `110 - proactiveness`, down to `100 - proactiveness`; 0 turns it off.
+    pub fn compaction_proactiveness(mut self, p: u32) -> Self {
+        self.compact.proactiveness = p.min(100);
+        self
+    }
     /// Maps the arena and builds the allocator.
     pub fn build(self) -> Result<Mm, Error> {
         let len = self.memory.unwrap_or_else(default_memory) & !(PAGE_SIZE - 1);
@@ -277,14 +318,24 @@ impl MmBuilder {
             .map_err(|e| Error::Arena(format!("mmap of {len} bytes failed: {e}")))?;
         let alloc = PageAlloc::<StdPlatform>::new(self.cfg.clone(), (len / PAGE_SIZE) as u64)
             .map_err(|e| Error::Config(e.to_string()))?;
+        let kcompactd = self
+            .compact
+            .kcompactd
+            .then(|| Arc::new(Kcompactd::default()));
         let inner = Arc::new(MmInner {
             alloc,
             arena,
             clear: self.clear,
             worker: Arc::new((Mutex::new(false), Condvar::new())),
+            compact: self.compact,
+            kcompactd: kcompactd.clone(),
+            compacting: std::sync::atomic::AtomicUsize::new(0),
         });
         if self.cfg.pcp == PcpPolicy::On && self.cfg.pcp_high == PcpHighPolicy::Auto {
             spawn_vmstat_worker(&inner);
+        }
+        if let Some(kc) = kcompactd {
+            compaction::spawn_kcompactd(&inner, kc);
         }
         Ok(Mm { inner })
     }
@@ -320,6 +371,10 @@ struct MmInner {
     arena: arena::Arena,
     clear: ClearStrategy,
     worker: Arc<(Mutex<bool>, Condvar)>,
+    compact: CompactConfig,
+    kcompactd: Option<Arc<Kcompactd>>,
+    /// Compaction runs in progress (`Mm::wait_compaction_idle`).
+    compacting: std::sync::atomic::AtomicUsize,
 }
 
 impl Drop for MmInner {
@@ -327,6 +382,9 @@ impl Drop for MmInner {
         let (m, cv) = &*self.worker;
         *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
         cv.notify_all();
+        if let Some(kc) = &self.kcompactd {
+            kc.stop();
+        }
     }
 }
 
@@ -365,13 +423,18 @@ impl Mm {
             hugetlb: false,
             prefault: false,
             clear: ClearStrategy::Auto,
+            compact: CompactConfig::default(),
         }
     }
 
     /// Allocates 2^order contiguous pages.
     #[inline]
     pub fn alloc_pages(&self, gfp: Gfp, order: u32) -> Result<Pfn, Error> {
-        match self.inner.alloc.alloc_pages(gfp, order, &NoHooks) {
+        match self
+            .inner
+            .alloc
+            .alloc_pages(gfp, order, &AllocHooks::new(self))
+        {
             Ok(pfn) => {
                 if gfp.contains(Gfp::ZERO) {
                     // SAFETY: the block is ours, 2^order pages inside the arena.
@@ -495,5 +558,10 @@ impl Mm {
     /// The core allocator, for layers built on top.
     pub fn page_alloc(&self) -> &PageAlloc<StdPlatform> {
         &self.inner.alloc
+    }
+
+    /// Do `self` and `other` share one allocator (clones of one `Mm`)?
+    pub(crate) fn same(&self, other: &Mm) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 }

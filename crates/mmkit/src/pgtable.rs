@@ -20,6 +20,7 @@
 //!              next access faults (Linux's PROT_NONE-style NUMA hinting fault)
 //!  bit  9      compound (software): a PTE mapping one 4 KiB sub-page of an order-9
 //!              page whose PMD was split (the block is freed with its last sub-page)
+//!  bit 10      migration (software): with present = 0, the page is being migrated
 //!  bits 12..52 pfn (40 bits)
 //! ```
 //!
@@ -31,7 +32,12 @@
 //! - **NUMA hint**: bit 0 clear, bit 8 set; the pfn and the other bits are kept, so
 //!   the page is still mapped (the reverse map and unmap treat it as present), and
 //!   restoring it is clearing bit 8 and setting bit 0 again.
-//! - **swap entry**: any other non-zero value (bit 0 and bit 8 clear). The swap type
+//! - **migration entry**: bit 0 and bit 8 clear, bit 10 set; the pfn and the write,
+//!   accessed and dirty bits of the present entry it replaced are kept. Installed
+//!   by page migration (`migrate.rs`) while it copies the page; an access that finds
+//!   it waits until the migrator puts a present entry back (Linux's
+//!   `migration_entry_wait`). Only a leaf (level 0) entry ever holds one.
+//! - **swap entry**: any other non-zero value (bit 0, bit 8 and bit 10 clear). The swap type
 //!   plus one is in bits 1..6 (so types `0..=30` and the entry is never 0), the
 //!   offset in bits 12..57; bits 6..12 are 0. Swap itself comes in a later layer;
 //!   today no path creates one, and a fault on one is refused.
@@ -40,6 +46,10 @@
 //! - An entry changes from none to something only by `compare_exchange` from 0
 //!   (the loser of a race frees what it allocated), and back to none only by `swap`
 //!   under the address space's exclusive VMA lock (see `space.rs`).
+//! - A present leaf becomes a migration entry only by `compare_exchange`, under the
+//!   shared VMA lock and the page lock of its frame, and only the migrator that
+//!   installed it replaces it (by a present entry to the old or the new frame)
+//!   before it releases either lock.
 //! - The `private` word of a table page's descriptor counts its non-zero entries
 //!   ("used entries"); a table whose count drops to 0 is freed by unmap.
 //! - A table page is freed only while no walker can reach it: unmap holds the VMA
@@ -80,6 +90,8 @@ pub const PTE_HUGE: u64 = 1 << 7;
 pub const PTE_NUMA: u64 = 1 << 8;
 /// Software bit: maps a sub-page of a split order-9 page.
 pub const PTE_COMPOUND: u64 = 1 << 9;
+/// Software bit (with `PTE_PRESENT` and `PTE_NUMA` clear): a migration entry.
+pub const PTE_MIGRATION: u64 = 1 << 10;
 /// First bit of the pfn.
 pub const PTE_PFN_SHIFT: u32 = 12;
 /// The pfn bits, 12..52.
@@ -218,10 +230,34 @@ impl Pte {
     pub const fn maps_page(self) -> bool {
         self.0 & (PTE_PRESENT | PTE_NUMA) != 0
     }
-    /// A swap entry: not none, not present, not a NUMA hint.
+    /// A swap entry: not none, not present, not a NUMA hint, not a migration entry.
     #[inline]
     pub const fn is_swap(self) -> bool {
-        self.0 != 0 && !self.maps_page()
+        self.0 != 0 && !self.maps_page() && !self.is_migration()
+    }
+    /// A migration entry: the page (still at [`pfn`](Self::pfn)) is being moved;
+    /// accesses wait for the entry to be replaced.
+    #[inline]
+    pub const fn is_migration(self) -> bool {
+        self.0 & (PTE_PRESENT | PTE_NUMA | PTE_MIGRATION) == PTE_MIGRATION
+    }
+    /// The migration entry replacing a present entry (present cleared, migration
+    /// set, the pfn and the other bits kept). Other entries are returned unchanged.
+    #[inline]
+    pub const fn mk_migration(self) -> Pte {
+        if !self.is_present() {
+            return self;
+        }
+        Pte((self.0 & !PTE_PRESENT) | PTE_MIGRATION)
+    }
+    /// The present entry a migration entry stood for, now mapping `pfn` (the
+    /// migrator's final store). Other entries are returned unchanged.
+    #[inline]
+    pub const fn migration_done(self, pfn: Pfn) -> Pte {
+        if !self.is_migration() || pfn.get() >= 1 << 40 {
+            return self;
+        }
+        Pte((self.0 & !(PTE_MIGRATION | PTE_PFN_MASK)) | PTE_PRESENT | (pfn.get() << PTE_PFN_SHIFT))
     }
     /// The frame (meaningful when [`maps_page`](Self::maps_page)).
     #[inline]
@@ -283,6 +319,7 @@ impl fmt::Debug for Pte {
             (PTE_HUGE, " HUGE"),
             (PTE_NUMA, " NUMA"),
             (PTE_COMPOUND, " COMPOUND"),
+            (PTE_MIGRATION, " MIGRATION"),
         ] {
             if self.0 & bit != 0 {
                 f.write_str(name)?;
@@ -373,6 +410,25 @@ mod tests {
         assert_eq!(h.pfn(), Pfn::new(77));
         assert_eq!(h.swap_entry(), None);
         assert_eq!(h.clear_numa_hint(), p);
+    }
+
+    #[test]
+    fn migration_roundtrip() {
+        let p = Pte::page(Pfn::new(123), false)
+            .unwrap()
+            .with(PTE_DIRTY | PTE_ACCESSED);
+        let m = p.mk_migration();
+        assert!(m.is_migration() && !m.is_present() && !m.is_swap() && !m.maps_page());
+        assert!(!m.is_numa_hint() && m.swap_entry().is_none());
+        assert_eq!(m.pfn(), Pfn::new(123));
+        let d = m.migration_done(Pfn::new(456));
+        assert!(d.is_present() && d.is_dirty() && d.is_accessed() && d.is_write());
+        assert!(!d.is_migration());
+        assert_eq!(d.pfn(), Pfn::new(456));
+        assert_eq!(m.migration_done(Pfn::new(123)), p);
+        // Swap entries never read as migration entries.
+        let s = Pte::swap(SwapEntry::new(SwapEntry::MAX_TYPE, SwapEntry::MAX_OFFSET).unwrap());
+        assert!(!s.is_migration() && s.is_swap());
     }
 
     #[test]

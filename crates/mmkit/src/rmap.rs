@@ -143,7 +143,6 @@ pub(crate) fn release_id(id: u64) {
 
 /// The live space with this id (for compaction and reclaim, which start from a
 /// frame's reverse map).
-#[allow(dead_code)]
 pub(crate) fn space_by_id(id: u64) -> Option<Space> {
     let r = registry();
     let w = r.slots.get(id.checked_sub(1)? as usize)?.as_ref()?;

@@ -26,6 +26,15 @@
 //! - Access (`read`, `write`, `touch`, `populate`, `with_page`): the walk of the
 //!   fast path sets the accessed (and on writes the dirty) bit like the MMU; a
 //!   missing or NUMA-hinting entry takes the fault path and retries.
+//! - Migration (`migrate.rs`, for compaction): under the shared VMA lock the
+//!   migrator takes the frame's page lock with `try_lock`, replaces the PTE by a
+//!   migration entry, copies the page and installs a PTE to the copy. A fault that
+//!   finds a migration entry waits for it to go (the migrator never blocks while it
+//!   is installed, so the wait is one page copy long) and retries. `read`/`write`
+//!   and `with_page` take the page lock of the frame they found and then check,
+//!   still under the VMA lock, that the PTE maps that frame; if a migration moved
+//!   it meanwhile they retry, so no byte is read from or written to a page after
+//!   its copy started.
 //!
 //! Invariants:
 //! - No entry maps a page outside a VMA; a huge PMD lies entirely inside one.
@@ -45,7 +54,8 @@
 //!    page is never aliased. `with_page` holds it *without* the VMA lock (the page
 //!    is pinned by a reference instead), so its closure must not call back into any
 //!    address space: such calls are refused with [`Error::Fault`] rather than risk
-//!    a deadlock.
+//!    a deadlock. A page lock is taken only under the VMA lock (shared), never the
+//!    other way round; migration only ever `try_lock`s it.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -494,6 +504,10 @@ impl Space {
         Space { inner }
     }
 
+    pub(crate) fn inner(&self) -> &SpaceInner {
+        &self.inner
+    }
+
     /// The id the reverse map records ([`Mm::rmap_lookup`]).
     pub fn id(&self) -> u64 {
         self.inner.id
@@ -656,23 +670,29 @@ impl Space {
         not_in_page(addr)?;
         check_range(addr, 1)?;
         let mm = &self.inner.mm;
-        let t = {
+        let (t, _lock) = loop {
             let g = self.inner.read_lock();
             let vma = *g
                 .find(addr)
                 .ok_or_else(|| bad(addr, 1, "address is not mapped"))?;
             let t = self.inner.access(&g, &vma, addr, write)?;
+            let lock = self.inner.page_lock(t.pfn);
+            if !self.inner.still_maps(&g, addr, &t) {
+                // A migration moved the page after the walk: walk again.
+                continue;
+            }
             // Pinned while the VMA lock still keeps unmap away.
             mm.get_page(t.head);
-            t
+            break (t, lock);
         };
         let _pin = PagePin { mm, head: t.head };
-        let _lock = self.inner.page_lock(t.pfn);
         let _in = InPage::enter();
         // SAFETY: the frame is 4096 bytes inside the arena; it stays allocated while
         // our reference pins it; its page lock (held until after `f` returns) makes
         // this the only reference to its bytes among all accessors of the space,
-        // and nothing else writes a mapped data page.
+        // migration included (it only try-locks it, and we checked that the PTE
+        // still maps the frame after taking the lock), and nothing else writes a
+        // mapped data page.
         let bytes = unsafe { std::slice::from_raw_parts_mut(mm.page_address(t.pfn), PAGE_SIZE) };
         Ok(f(bytes))
     }
@@ -685,9 +705,16 @@ impl Space {
             return None;
         }
         let g = self.inner.read_lock();
-        let (_, e, level) = self.inner.follow_pte(&g, addr)?;
-        e.maps_page()
-            .then(|| SpaceInner::translation(e, level, addr))
+        loop {
+            let (slot, e, level) = self.inner.follow_pte(&g, addr)?;
+            if e.is_migration() {
+                wait_migration(slot, e);
+                continue;
+            }
+            return e
+                .maps_page()
+                .then(|| SpaceInner::translation(e, level, addr));
+        }
     }
 
     /// The mappings, `(start, end, flags)` in address order (like `/proc/pid/maps`).
@@ -720,6 +747,39 @@ impl SpaceInner {
         self.vmas.read().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The shared VMA lock if it can be had without waiting (compaction never
+    /// waits for an address space: it may run inside a fault of this very space).
+    pub(crate) fn try_read_lock(&self) -> Option<ShardedLockReadGuard<'_, VmaTree>> {
+        self.vmas.try_read().ok()
+    }
+
+    /// The id the reverse map records.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The Mm the pages come from.
+    pub(crate) fn mm(&self) -> &Mm {
+        &self.mm
+    }
+
+    /// The page lock of `frame` if it is free (migration: an access in progress
+    /// makes the migration of that page fail rather than wait).
+    pub(crate) fn page_try_lock(&self, frame: Pfn) -> Option<parking_lot::MutexGuard<'_, ()>> {
+        let h = frame.get().wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56;
+        self.page_locks[h as usize % PAGE_LOCK_STRIPES].try_lock()
+    }
+
+    /// Does `addr` still map the frame of `t` through a present entry? Checked
+    /// under the page lock of `t.pfn` before touching its bytes: a migration that
+    /// started after `t` was taken has replaced the entry.
+    fn still_maps(&self, held: &VmaTree, addr: u64, t: &Translation) -> bool {
+        match self.follow_pte(held, addr) {
+            Some((_, e, level)) if e.is_present() => Self::translation(e, level, addr).pfn == t.pfn,
+            _ => false,
+        }
+    }
+
     fn write_lock(&self) -> ShardedLockWriteGuard<'_, VmaTree> {
         self.vmas.write().unwrap_or_else(|e| e.into_inner())
     }
@@ -741,7 +801,11 @@ impl SpaceInner {
 
     /// Walks to the leaf entry for `addr` without allocating: the slot and value of
     /// the PTE (level 0) or of a huge PMD (level 1). `None` if a table is missing.
-    fn follow_pte<'a>(&'a self, held: &'a VmaTree, addr: u64) -> Option<(&'a AtomicU64, Pte, u32)> {
+    pub(crate) fn follow_pte<'a>(
+        &'a self,
+        held: &'a VmaTree,
+        addr: u64,
+    ) -> Option<(&'a AtomicU64, Pte, u32)> {
         let mut t = self.tbl(held, self.pgd);
         for level in [3, 2, 1] {
             let slot = &t[pt_index(addr, level)];
@@ -909,6 +973,10 @@ impl SpaceInner {
         if e.is_none() {
             return self.do_anonymous_page(slot, pte_pfn, addr, write);
         }
+        if e.is_migration() {
+            wait_migration(slot, e);
+            return Ok(());
+        }
         if e.is_numa_hint() {
             // do_numa_page, without migration for now.
             let _ = slot.compare_exchange(
@@ -1035,8 +1103,13 @@ impl SpaceInner {
             let n = (PAGE_SIZE - off).min(len - done);
             let t = self.access(&g, &vma, a, write)?;
             let _pl = self.page_lock(t.pfn);
+            if !self.still_maps(&g, a, &t) {
+                // Migrated (or being migrated) since the walk: walk again.
+                continue;
+            }
             // SAFETY: off < 4096, so the pointer stays inside the frame, which is
-            // mapped and cannot be freed while we hold the shared VMA lock.
+            // mapped and cannot be freed while we hold the shared VMA lock; its page
+            // lock is held and the PTE still maps it, so no migration copies it now.
             let frame = unsafe { self.mm.page_address(t.pfn).add(off) };
             op(frame, done, n);
             done += n;
@@ -1279,6 +1352,21 @@ impl Space {
             a += step;
         }
         changed
+    }
+}
+
+/// Waits until `slot` no longer holds the migration entry `e` (Linux's
+/// `migration_entry_wait`). The migrator holds no lock anyone else waits for and
+/// never blocks while its entry is installed, so this is about one page copy long.
+pub(crate) fn wait_migration(slot: &AtomicU64, e: Pte) {
+    let mut spins = 0u32;
+    while slot.load(Ordering::Acquire) == e.raw() {
+        if spins < 128 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+        spins += 1;
     }
 }
 

@@ -92,6 +92,17 @@ impl Mm {
         for (name, v) in self.vm_events().iter() {
             let _ = writeln!(s, "{name} {v}");
         }
+        let cs = self.compaction_stats();
+        for o in 1..NR_ORDERS {
+            let (ok, fail, def) = (cs.success[o], cs.fail[o], cs.deferred[o]);
+            if ok + fail + def > 0 {
+                let _ = writeln!(s, "compact_success_order{o} {ok}");
+                let _ = writeln!(s, "compact_fail_order{o} {fail}");
+                let _ = writeln!(s, "compact_deferred_order{o} {def}");
+            }
+        }
+        let _ = writeln!(s, "compact_defer_shift {}", cs.defer_shift);
+        let _ = writeln!(s, "fragmentation_score {}", self.fragmentation_score());
         for z in &zones {
             let n = z.name.to_ascii_lowercase();
             let _ = writeln!(s, "zone_{n}_wmark_min {}", z.wmark[0]);

@@ -2,7 +2,7 @@
 //! into a `runner::Config`, runs, prints the tables and the figures, and writes
 //! the report directory and the optional JSON Lines file.
 
-use crate::peers::{self, VARIANTS};
+use crate::peers::VARIANTS;
 use crate::record::write_jsonl;
 use crate::report;
 use crate::runner::{self, Config, Timing};
@@ -123,9 +123,17 @@ fn list_text() -> String {
             metrics.join(", ")
         );
     }
-    s += "variants:\n";
+    s += "variants (of the allocator workloads):\n";
     for v in VARIANTS {
         s += &format!("  {:<22} {}\n", v.name, v.description);
+    }
+    for w in workloads::all() {
+        if let Some(own) = w.own_variants() {
+            s += &format!("variants of {}:\n", w.name());
+            for v in own {
+                s += &format!("  {:<22} {}\n", v.name, v.description);
+            }
+        }
     }
     s += "metrics:\n";
     for m in workloads::all_metrics() {
@@ -158,8 +166,15 @@ fn run(args: RunArgs) -> Result<()> {
             bail!("--variants needs at least one variant");
         }
         for name in v {
-            if !peers::is_variant(name) {
-                let names: Vec<_> = VARIANTS.iter().map(|v| v.name).collect();
+            if !workloads::is_variant(name) {
+                let mut names: Vec<&str> = Vec::new();
+                for w in workloads::all() {
+                    for v in workloads::variants_of(w) {
+                        if !names.contains(&v.name) {
+                            names.push(v.name);
+                        }
+                    }
+                }
                 bail!("unknown variant {name:?}; variants: {}", names.join(", "));
             }
         }
@@ -187,6 +202,7 @@ fn run(args: RunArgs) -> Result<()> {
         timing: Timing {
             warmup: Duration::from_millis(warmup_ms),
             duration: Duration::from_millis(duration_ms),
+            quick: args.quick,
         },
         memory: usize::try_from(memory).context("--memory does not fit this machine")?,
         progress: !args.quick && std::io::stdout().is_terminal(),

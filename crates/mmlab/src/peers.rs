@@ -12,7 +12,7 @@
 //! workloads.
 
 use anyhow::{anyhow, bail, Context, Result};
-use mmkit::{Gfp, LockStats, Mm, Pfn, Variant};
+use mmkit::{ClearStrategy, Gfp, LockStats, Mm, Pfn, Variant};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -50,6 +50,11 @@ pub const VARIANTS: &[VariantInfo] = &[
         name: "mmkit-nopcp",
         description:
             "mmkit without per-CPU page lists, eager merging: every alloc/free takes the zone lock",
+    },
+    VariantInfo {
+        name: "mmkit-nomerge",
+        description: "mmkit with lazy order-0 merging but no merge on demand (Linux's skip-merge \
+                      patch alone): the old trade-off, next to the default",
     },
     VariantInfo {
         name: "mimalloc",
@@ -190,6 +195,11 @@ pub enum Peer {
     Mimalloc,
     Jemalloc,
     Buddy(Box<BuddyPeer>),
+    /// A variant of a workload with its own variants that is not an allocator of
+    /// the lab's (the host kernel's own mmap and faults, a raw clearing loop): the
+    /// workload runs its own loop, picked by this name. It allocates nothing
+    /// (`alloc` gives `None`).
+    Native(&'static str),
 }
 
 /// jemalloc flags for page alignment: MALLOCX_ALIGN(4096) = log2(4096) = 12.
@@ -221,10 +231,51 @@ impl Peer {
         }
     }
 
+    /// mmkit with policy preset `variant` and clearing strategy `clear` on a
+    /// prefaulted arena of `memory` bytes, for the workloads with their own
+    /// variants (which name it themselves, e.g. `mmkit-page-at-a-time`).
+    pub fn create_mmkit(
+        name: &str,
+        variant: Variant,
+        memory: usize,
+        clear: ClearStrategy,
+    ) -> Result<Peer> {
+        let mm = Mm::builder()
+            .memory(memory)
+            .variant(variant)
+            .clear(clear)
+            .prefault(true)
+            .build()
+            .with_context(|| format!("building mmkit variant {name} with {memory} bytes"))?;
+        let initial_free = mm.nr_free_pages();
+        Ok(Peer::Mmkit(MmPeer {
+            mm,
+            initial_free,
+            free_errors: AtomicU64::new(0),
+        }))
+    }
+
+    /// The `Mm` of an mmkit variant.
+    pub fn mm(&self) -> Option<&Mm> {
+        match self {
+            Peer::Mmkit(p) => Some(&p.mm),
+            _ => None,
+        }
+    }
+
+    /// The name of a `Native` variant.
+    pub fn native(&self) -> Option<&'static str> {
+        match self {
+            Peer::Native(n) => Some(n),
+            _ => None,
+        }
+    }
+
     /// Allocates a block of `2^order` pages; `None` when out of memory.
     #[inline]
     pub fn alloc(&self, order: u32) -> Option<Block> {
         match self {
+            Peer::Native(_) => None,
             Peer::Mmkit(p) => {
                 p.mm.alloc_pages(Gfp::KERNEL, order)
                     .ok()
@@ -278,6 +329,8 @@ impl Peer {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .dealloc(block.0, 1 << order),
+            // `alloc` never hands out a block, so there is none to free.
+            Peer::Native(_) => {}
         }
     }
 
@@ -292,6 +345,8 @@ impl Peer {
             Peer::Mmkit(p) => p.mm.page_address(Pfn::new(block.0 as u64)),
             Peer::Mimalloc | Peer::Jemalloc => block.0 as *mut u8,
             Peer::Buddy(b) => b.addr(block.0),
+            // `alloc` never hands out a block, so there is nothing to touch.
+            Peer::Native(_) => return,
         };
         for i in 0..(1usize << order) {
             // SAFETY: by this function's contract `p` starts a live block of
@@ -326,6 +381,8 @@ impl Peer {
             if errs != 0 {
                 bail!("{errs} free_pages calls were refused");
             }
+            // A background compaction run holds isolated pages until it ends.
+            p.mm.wait_compaction_idle();
             p.mm.drain_all_pages();
             p.mm.check().context("mm.check() after the workload")?;
             let free = p.mm.nr_free_pages();

@@ -59,6 +59,27 @@ pub fn lookup(
         .map(|r| r.value)
 }
 
+/// The value of one figure of sub-case `case`, if it was measured.
+pub fn lookup_case(
+    records: &[Record],
+    workload: &str,
+    variant: &str,
+    threads: usize,
+    metric: &str,
+    case: &str,
+) -> Option<f64> {
+    records
+        .iter()
+        .find(|r| {
+            r.workload == workload
+                && r.variant == variant
+                && r.threads == threads
+                && r.metric == metric
+                && r.case.as_deref() == Some(case)
+        })
+        .map(|r| r.value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,5 +145,16 @@ mod tests {
             Some(3.1e6)
         );
         assert_eq!(lookup(&recs, "alloc_free", "mmkit", 4, "ops_per_sec"), None);
+        let mut r = sample();
+        r.case = Some("2MiB".into());
+        let recs = vec![sample(), r];
+        assert_eq!(
+            lookup_case(&recs, "alloc_free", "mmkit", 2, "ops_per_sec", "2MiB"),
+            Some(3.1e6)
+        );
+        assert_eq!(
+            lookup_case(&recs, "alloc_free", "mmkit", 2, "ops_per_sec", "1GiB"),
+            None
+        );
     }
 }

@@ -36,6 +36,9 @@ pub struct Timing {
     pub warmup: Duration,
     /// The measured interval.
     pub duration: Duration,
+    /// `--quick`: workloads with a data size (the address-space workloads) use
+    /// their small one.
+    pub quick: bool,
 }
 
 /// What a run does, from the command line.
@@ -176,11 +179,18 @@ fn pin_to_cpu(cpu: usize) {
     }
 }
 
-/// The variants `workload` runs in under `config`, in column order.
+/// The variants `workload` runs in under `config`, in column order: those of
+/// `--variants` that it knows (its own variants, or the allocator variants), else
+/// every one it applies to.
 pub fn variants_for(workload: &dyn Workload, config: &Config) -> Vec<String> {
+    let known = workloads::variants_of(workload);
     match &config.variants {
-        Some(v) => v.clone(),
-        None => crate::peers::VARIANTS
+        Some(v) => v
+            .iter()
+            .filter(|n| known.iter().any(|k| k.name == n.as_str()))
+            .cloned()
+            .collect(),
+        None => known
             .iter()
             .map(|v| v.name.to_string())
             .filter(|v| workload.applies_to(v))
@@ -234,7 +244,7 @@ pub fn run(
         ));
         let peers = variants
             .iter()
-            .map(|v| Peer::create(v, config.memory))
+            .map(|v| w.build(v, config))
             .collect::<Result<Vec<_>>>()?;
         let mut records = Vec::new();
         for &t in &threads {

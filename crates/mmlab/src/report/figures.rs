@@ -2,9 +2,84 @@
 //! hard-coded): alloc_free at 2 threads, mmkit against mimalloc and against
 //! buddy_system_allocator; alloc_free_batch at 8 threads, the zone lock
 //! contention of the mmkit variants; cross_cpu_free at 2 threads, mmkit against
-//! mmkit-eager. A figure whose inputs were not measured says so.
+//! mmkit-eager; page_fault1 (both cases), mmkit against the kernel at 2 threads
+//! and against clear-only at 1 thread; clear_huge, mmkit against the best raw
+//! loop (1GiB) and against the kernel (2MiB). A figure whose inputs were not
+//! measured says so.
 
-use crate::record::{lookup, Record};
+use crate::record::{lookup, lookup_case, Record};
+
+/// What a ratio should reach.
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    /// At least this factor, printed as `4.00x`.
+    Times(f64),
+    /// At least this percentage, printed as `85.0%`.
+    Pct(f64),
+}
+
+/// A value as the tables print it: no decimals from 1000 up, else two.
+fn num(v: f64) -> String {
+    if v.abs() >= 1000.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// `a / b` of `metric` in `case` at `threads`, against `target`, as a line.
+#[allow(clippy::too_many_arguments)]
+fn case_ratio(
+    records: &[Record],
+    workload: &str,
+    case: &str,
+    threads: usize,
+    metric: &str,
+    a: &str,
+    b: &str,
+    target: Target,
+) -> String {
+    let t = if threads == 1 { "thread" } else { "threads" };
+    let head = format!("{workload} ({case}) @ {threads} {t}: {a} / {b} {metric}");
+    let unit = records
+        .iter()
+        .find(|r| r.workload == workload && r.metric == metric)
+        .map_or("", |r| r.unit.as_str());
+    match (
+        lookup_case(records, workload, a, threads, metric, case),
+        lookup_case(records, workload, b, threads, metric, case),
+    ) {
+        (Some(x), Some(y)) if y > 0.0 => {
+            let r = x / y;
+            let (shown, want, met) = match target {
+                Target::Times(k) => (format!("{r:.2}x"), format!("{k}x"), r >= k),
+                Target::Pct(p) => (
+                    format!("{:.1}%", r * 100.0),
+                    format!("{p}%"),
+                    r * 100.0 >= p,
+                ),
+            };
+            format!(
+                "{head} = {shown} ({} vs {} {unit}; target >= {want}: {})",
+                num(x),
+                num(y),
+                if met { "met" } else { "not met" }
+            )
+        }
+        _ => format!("{head}: not measured"),
+    }
+}
+
+/// The raw loop of clear_huge with the highest gb_per_sec in `case`.
+fn best_raw(records: &[Record], case: &str) -> Option<&'static str> {
+    ["raw-memset", "raw-stosb", "raw-nt"]
+        .into_iter()
+        .filter_map(|v| {
+            lookup_case(records, "clear_huge", v, 1, "gb_per_sec", case).map(|x| (v, x))
+        })
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(v, _)| v)
+}
 
 /// `a / b` of one metric at one point, as a line.
 fn ratio(records: &[Record], workload: &str, threads: usize, a: &str, b: &str) -> String {
@@ -39,6 +114,49 @@ pub fn figures(records: &[Record]) -> Vec<String> {
         format!("{head} {}", pcts.join(", "))
     });
     out.push(ratio(records, "cross_cpu_free", 2, "mmkit", "mmkit-eager"));
+    for case in ["shared", "per-thread"] {
+        out.push(case_ratio(
+            records,
+            "page_fault1",
+            case,
+            2,
+            "faults_per_sec",
+            "mmkit",
+            "kernel",
+            Target::Times(4.0),
+        ));
+        out.push(case_ratio(
+            records,
+            "page_fault1",
+            case,
+            1,
+            "faults_per_sec",
+            "mmkit",
+            "clear-only",
+            Target::Pct(85.0),
+        ));
+    }
+    let raw = best_raw(records, "1GiB").unwrap_or("best raw loop");
+    out.push(case_ratio(
+        records,
+        "clear_huge",
+        "1GiB",
+        1,
+        "gb_per_sec",
+        "mmkit",
+        raw,
+        Target::Pct(95.0),
+    ));
+    out.push(case_ratio(
+        records,
+        "clear_huge",
+        "2MiB",
+        1,
+        "gb_per_sec",
+        "mmkit",
+        "kernel",
+        Target::Times(4.0),
+    ));
     out
 }
 
@@ -83,5 +201,62 @@ mod tests {
             "alloc_free_batch @ 8 threads: zone_lock_contended_pct mmkit 1.50%"
         );
         assert!(f[3].ends_with("not measured"));
+        assert_eq!(f.len(), 10);
+        assert!(f[4..].iter().all(|l| l.ends_with("not measured")));
+    }
+
+    fn case_rec(workload: &str, variant: &str, threads: usize, case: &str, value: f64) -> Record {
+        let metric = if workload == "clear_huge" {
+            "gb_per_sec"
+        } else {
+            "faults_per_sec"
+        };
+        let mut r = rec(workload, variant, threads, metric, value);
+        r.case = Some(case.into());
+        r.unit = if workload == "clear_huge" {
+            "GB/s"
+        } else {
+            "1/s"
+        }
+        .into();
+        r
+    }
+
+    #[test]
+    fn space_figures_come_from_case_records() {
+        let recs = vec![
+            case_rec("page_fault1", "mmkit", 2, "shared", 5e6),
+            case_rec("page_fault1", "kernel", 2, "shared", 1e6),
+            case_rec("page_fault1", "mmkit", 1, "per-thread", 3e6),
+            case_rec("page_fault1", "clear-only", 1, "per-thread", 4e6),
+            case_rec("clear_huge", "mmkit", 1, "1GiB", 9.6),
+            case_rec("clear_huge", "raw-stosb", 1, "1GiB", 8.0),
+            case_rec("clear_huge", "raw-nt", 1, "1GiB", 10.0),
+            case_rec("clear_huge", "mmkit", 1, "2MiB", 9.0),
+            case_rec("clear_huge", "kernel", 1, "2MiB", 3.0),
+        ];
+        let f = figures(&recs);
+        assert_eq!(
+            f[4],
+            "page_fault1 (shared) @ 2 threads: mmkit / kernel faults_per_sec = 5.00x \
+             (5000000 vs 1000000 1/s; target >= 4x: met)"
+        );
+        assert!(f[5].ends_with("not measured"), "{}", f[5]);
+        assert!(f[6].ends_with("not measured"), "{}", f[6]);
+        assert_eq!(
+            f[7],
+            "page_fault1 (per-thread) @ 1 thread: mmkit / clear-only faults_per_sec = 75.0% \
+             (3000000 vs 4000000 1/s; target >= 85%: not met)"
+        );
+        assert_eq!(
+            f[8],
+            "clear_huge (1GiB) @ 1 thread: mmkit / raw-nt gb_per_sec = 96.0% \
+             (9.60 vs 10.00 GB/s; target >= 95%: met)"
+        );
+        assert_eq!(
+            f[9],
+            "clear_huge (2MiB) @ 1 thread: mmkit / kernel gb_per_sec = 3.00x \
+             (9.00 vs 3.00 GB/s; target >= 4x: not met)"
+        );
     }
 }

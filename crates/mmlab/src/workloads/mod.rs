@@ -10,11 +10,20 @@
 mod alloc_free;
 mod alloc_free_batch;
 mod alloc_free_orders;
+mod anon_w_seq;
+mod clear_huge;
 mod cross_cpu_free;
+mod highalloc;
+pub mod host;
+mod order0_thp_mix;
+mod page_fault1;
+mod parallel_free;
+mod space_loop;
 
-use crate::peers::Peer;
+use crate::peers::{Peer, VariantInfo, VARIANTS};
 use crate::record::Record;
 use crate::runner::{Config, Measured, Timing};
+use anyhow::Result;
 use serde_json::{Map, Value};
 
 /// A named figure a workload reports. Names are stable (docs/lab.md).
@@ -130,6 +139,22 @@ pub trait Workload: Sync {
     fn params(&self) -> Map<String, Value> {
         Map::new()
     }
+    /// Its settings under `config` (sizes that depend on `--quick`, its arena), for
+    /// the records' `params`; by default `params()`.
+    fn params_for(&self, _config: &Config) -> Map<String, Value> {
+        self.params()
+    }
+    /// The variants of a workload that brings its own (the host kernel, raw
+    /// loops, mmkit with a given clearing strategy), in default column order;
+    /// `None` (the default) means the lab's allocator variants, `peers::VARIANTS`.
+    fn own_variants(&self) -> Option<&'static [VariantInfo]> {
+        None
+    }
+    /// Builds `variant` for a run under `config`, once, before its first point.
+    /// By default the allocator peer of that name with a `config.memory` arena.
+    fn build(&self, variant: &str, config: &Config) -> Result<Peer> {
+        Peer::create(variant, config.memory)
+    }
     /// Measures one point: `threads` threads on `peer` for `timing`.
     fn run(&self, peer: &Peer, threads: usize, timing: &Timing) -> Vec<Figure>;
 }
@@ -141,7 +166,64 @@ pub fn all() -> Vec<&'static dyn Workload> {
         &alloc_free_batch::AllocFreeBatch,
         &alloc_free_orders::AllocFreeOrders,
         &cross_cpu_free::CrossCpuFree,
+        &page_fault1::PageFault1,
+        &parallel_free::ParallelFree,
+        &clear_huge::ClearHuge,
+        &anon_w_seq::AnonWSeq,
+        &highalloc::HighAlloc,
+        &order0_thp_mix::Order0ThpMix,
     ]
+}
+
+/// The variants `w` knows: its own, or the lab's allocator variants.
+pub fn variants_of(w: &dyn Workload) -> &'static [VariantInfo] {
+    w.own_variants().unwrap_or(VARIANTS)
+}
+
+/// Whether some workload knows a variant called `name`.
+pub fn is_variant(name: &str) -> bool {
+    crate::peers::is_variant(name)
+        || all()
+            .iter()
+            .any(|w| variants_of(*w).iter().any(|v| v.name == name))
+}
+
+/// The median of `v` (the mean of the middle two for an even count); `None` when
+/// `v` is empty. NaNs sort last.
+pub fn median(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    Some(if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    })
+}
+
+/// Bytes per second as GB/s (10^9 bytes).
+pub fn gb_per_sec(bytes: f64, secs: f64) -> f64 {
+    bytes / secs.max(1e-12) / 1e9
+}
+
+/// The largest thread count `w` runs at under `config` (for sizing its arena).
+pub fn max_threads(w: &dyn Workload, config: &Config) -> usize {
+    crate::runner::threads_for(w, config)
+        .into_iter()
+        .max()
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// An mmkit arena for `data` bytes of data pages: the data, its page tables
+/// (1/512 of it, rounded up generously), and 64 MiB for per-CPU lists and slack,
+/// in whole 4 MiB blocks.
+pub fn arena_for(data: usize) -> usize {
+    let bytes = data + data / 256 + (64 << 20);
+    bytes.div_ceil(4 << 20) * (4 << 20)
 }
 
 /// The workload called `name`.
@@ -198,7 +280,7 @@ pub fn to_records(
         (config.timing.warmup.as_millis() as u64).into(),
     );
     params.insert("memory_bytes".into(), (config.memory as u64).into());
-    params.extend(workload.params());
+    params.extend(workload.params_for(config));
     figures
         .into_iter()
         .map(|f| Record {
@@ -248,7 +330,37 @@ mod tests {
             assert!(seen.insert(w.name()), "duplicate {}", w.name());
             assert!(by_name(w.name()).is_some());
             assert!(!w.description().is_empty());
-            assert!(w.metrics().iter().any(|m| m.name == "ops_per_sec"));
+            assert!(!w.metrics().is_empty());
+            let mut vs = HashSet::new();
+            for v in variants_of(w) {
+                assert!(
+                    vs.insert(v.name),
+                    "{}: duplicate variant {}",
+                    w.name(),
+                    v.name
+                );
+                assert!(is_variant(v.name));
+            }
+        }
+        assert!(!is_variant("no-such-variant"));
+    }
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0]), Some(3.0));
+        assert_eq!(median(&[5.0, 1.0, 3.0]), Some(3.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(&[1.0, f64::NAN, 2.0]), Some(2.0));
+        assert_eq!(gb_per_sec(2e9, 2.0), 1.0);
+    }
+
+    #[test]
+    fn arenas_hold_the_data_and_are_whole_blocks() {
+        for data in [0usize, 16 << 20, 1 << 30, 4 * (128 << 20)] {
+            let a = arena_for(data);
+            assert!(a >= data + data / 512 + (64 << 20));
+            assert_eq!(a % (4 << 20), 0);
         }
     }
 
@@ -283,20 +395,81 @@ mod tests {
         }
     }
 
-    #[test]
-    fn every_workload_runs_briefly_on_a_peer() {
-        let timing = Timing {
+    fn quick_timing() -> Timing {
+        Timing {
             warmup: Duration::from_millis(5),
             duration: Duration::from_millis(20),
-        };
+            quick: true,
+        }
+    }
+
+    #[test]
+    fn every_allocator_workload_runs_briefly_on_a_peer() {
+        let timing = quick_timing();
         let peer = Peer::create("buddy_system_allocator", 32 << 20).unwrap();
-        for w in all() {
+        for w in all().into_iter().filter(|w| w.own_variants().is_none()) {
             for t in [1, 2, 3] {
                 let f = w.run(&peer, t, &timing);
                 let ops = f.iter().find(|x| x.metric == "ops_per_sec").unwrap().value;
                 assert!(ops > 0.0, "{} at {t} threads did nothing", w.name());
             }
             peer.check().unwrap();
+        }
+    }
+
+    /// Every variant of every workload with its own variants, built as a quick
+    /// run builds it, measures something at 1 and 2 threads and gives its pages
+    /// back (kernel-hugetlb may be skipped where hugetlb pages are refused).
+    #[test]
+    fn every_own_variant_workload_runs_briefly() {
+        let timing = quick_timing();
+        let config = Config {
+            threads: Some(vec![1, 2]),
+            variants: None,
+            timing,
+            memory: 64 << 20,
+            progress: false,
+        };
+        for w in all() {
+            let Some(own) = w.own_variants() else {
+                continue;
+            };
+            let first = w.metrics()[0].name;
+            for v in own {
+                let peer = w.build(v.name, &config).unwrap();
+                for t in [1, 2] {
+                    peer.settle();
+                    let f = w.run(&peer, t, &timing);
+                    let vals: Vec<f64> = f
+                        .iter()
+                        .filter(|x| x.metric == first)
+                        .map(|x| x.value)
+                        .collect();
+                    let may_skip = v.name == "kernel-hugetlb"
+                        || (t > 1 && (w.name() == "clear_huge" || v.name == "kernel"));
+                    assert!(
+                        may_skip || !vals.is_empty(),
+                        "{} / {} at {t} threads measured nothing: {f:?}",
+                        w.name(),
+                        v.name
+                    );
+                    assert!(
+                        vals.iter().all(|x| *x > 0.0),
+                        "{} / {}: {f:?}",
+                        w.name(),
+                        v.name
+                    );
+                    let fails = f.iter().filter(|x| x.metric == "alloc_failures");
+                    assert!(
+                        fails.map(|x| x.value).sum::<f64>() == 0.0,
+                        "{}: {f:?}",
+                        v.name
+                    );
+                }
+                if let Err(e) = peer.check() {
+                    panic!("{} / {}: {e:#}", w.name(), v.name);
+                }
+            }
         }
     }
 }

@@ -1,0 +1,560 @@
+//! Compaction (Linux's `mm/compaction.c`, the half that moves pages): builds free
+//! high-order blocks by migrating movable pages out of the way, driven from three
+//! places.
+//!
+//! - **Direct compaction**: the allocator's slow path calls the [`SlowPathHooks`]
+//!   of every `Mm::alloc_pages` for an order above 0 that may reclaim. Unless
+//!   compaction of that order is deferred (`mmkit_core::compaction`) or not
+//!   suitable (too little free memory, or a fragmentation index saying the
+//!   failure is lack of memory), it runs `compact_zone` for the order from the
+//!   cached scanner positions and captures the first block of the order it frees,
+//!   which the slow path returns without another search. A run that ends with
+//!   the scanners meeting and no success defers the next ones; a success resets
+//!   that.
+//!   Each run is a compaction stall, counted with its outcome per order.
+//! - **kcompactd**: a thread per `Mm` (off with `MmBuilder::kcompactd(false)`),
+//!   woken by the slow path of a high-order request whose fragmentation index
+//!   is above the threshold (the failure is fragmentation, not lack of memory);
+//!   it compacts for that order in the background. Every 500 ms it also checks the
+//!   proactive score and, above `100 - proactiveness + 10`, compacts the whole zone
+//!   until the score is at most `100 - proactiveness` (Linux's proactive
+//!   compaction, backing off 32 s when a pass did not lower the score).
+//! - **`Mm::compact_memory`**: the whole of every zone, now (Linux's
+//!   `/proc/sys/vm/compact_memory`).
+//!
+//! `compact_zone`: merge on demand first (the cheap step: under lazy merging a
+//! block may only be waiting to be merged), then, until the scanners meet or the
+//! goal is reached: the migrate scanner yields the candidates of the next
+//! pageblock, the free scanner isolates as many free pages from the end of the
+//! zone, each candidate is migrated (`migrate.rs`) through the reverse map, the
+//! sources are freed into the buddy lists merged, and the goal is tested again.
+//!
+//! Statistics (vmstat events, see `VmEvent`): a stall (`compact_stall`, one per
+//! direct run) ends in `compact_success` or in `compact_fail`, also counted per
+//! order in `CompactStats`; a page isolated for migration (`compact_isolated`)
+//! ends in `pgmigrate_success` or in `pgmigrate_fail`, and `pgmigrate_fail_pinned`
+//! counts the failures due to a pin or an access in progress.
+//!
+//! Locking: a run holds no lock between steps. Per page: registry mutex (to find the
+//! space, not held after), the space's VMA lock shared with `try_read`, the page
+//! lock with `try_lock`; the zone lock only inside the core's scanner and free
+//! calls, never while a space lock is wanted. Direct compaction may run inside a
+//! fault that holds its space's VMA lock shared; it never waits for any space lock,
+//! so it cannot deadlock against that fault or an `munmap` queued behind it.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::Duration;
+
+use mmkit_core::compaction::COMPACT_CLUSTER_MAX;
+use mmkit_core::{CompactControl, CompactMode, CompactStats, SlowPathHooks};
+
+use crate::migrate::{migrate_page, MigrateError};
+use crate::pgtable::desc;
+use crate::{rmap, MigrateType, Mm, MmInner, Pfn, Space, VmEvent};
+
+/// How often kcompactd checks the proactive score (Linux's
+/// `HPAGE_FRAG_CHECK_INTERVAL_MSEC`).
+const PROACTIVE_INTERVAL: Duration = Duration::from_millis(500);
+/// Checks skipped after a proactive pass that did not lower the score (Linux
+/// backs off by `1 << COMPACT_MAX_DEFER_SHIFT` intervals).
+const PROACTIVE_BACKOFF: u32 = 1 << mmkit_core::compaction::COMPACT_MAX_DEFER_SHIFT;
+
+/// Compaction settings of an `Mm`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct CompactConfig {
+    /// Direct compaction in the allocation slow path.
+    pub direct: bool,
+    /// The background thread.
+    pub kcompactd: bool,
+    /// Linux's `vm.compaction_proactiveness` (0..=100; 0: no proactive compaction).
+    pub proactiveness: u32,
+}
+
+impl Default for CompactConfig {
+    fn default() -> Self {
+        CompactConfig {
+            direct: true,
+            kcompactd: true,
+            proactiveness: mmkit_core::compaction::DEFAULT_PROACTIVENESS,
+        }
+    }
+}
+
+/// How a compaction run ended (Linux's `enum compact_result`, reduced).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum CompactResult {
+    /// Not run: compaction of the order is deferred after failures.
+    Deferred,
+    /// Not run: too little free memory, or the failure is not fragmentation.
+    Skipped,
+    /// A free block of the order is there (or, for a whole-zone run, the goal
+    /// was reached).
+    Success,
+    /// The scanners met: the whole zone was gone through.
+    Complete,
+}
+
+/// What one [`Mm::compact_memory`] call did.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompactSummary {
+    /// Pages the migrate scanner looked at.
+    pub migrate_scanned: u64,
+    /// Pages the free scanner looked at.
+    pub free_scanned: u64,
+    /// Pages migrated.
+    pub migrated: u64,
+    /// Pages whose migration failed (all of them pinned or in use).
+    pub failed: u64,
+}
+
+/// Per-run tallies, added to the vmstat events at the end.
+#[derive(Default)]
+struct Tally {
+    migrated: u64,
+    failed: u64,
+    pinned: u64,
+}
+
+/// The last address space resolved from a reverse map, kept while consecutive
+/// candidates belong to it (they mostly do).
+#[derive(Default)]
+struct SpaceCache {
+    cur: Option<(u64, Option<Space>)>,
+}
+
+impl SpaceCache {
+    fn get(&mut self, mm: &Mm, id: u64) -> Option<&Space> {
+        if !matches!(self.cur, Some((cid, _)) if cid == id) {
+            // Only spaces of this Mm: ids are global, pfns are per arena.
+            let s = rmap::space_by_id(id).filter(|s| s.mm().same(mm));
+            self.cur = Some((id, s));
+        }
+        self.cur.as_ref().and_then(|(_, s)| s.as_ref())
+    }
+}
+
+enum Outcome {
+    /// Not isolated: no longer mapped where the reverse map said, or its space is
+    /// busy with an mmap/munmap.
+    Skipped,
+    Migrated,
+    Failed {
+        pinned: bool,
+    },
+}
+
+fn migrate_one(mm: &Mm, spaces: &mut SpaceCache, src: Pfn, dst: Pfn) -> Outcome {
+    let m = desc(mm, src).mapping.load(Ordering::Acquire);
+    let Some((id, vaddr)) = rmap::decode(m) else {
+        return Outcome::Skipped;
+    };
+    let Some(space) = spaces.get(mm, id) else {
+        return Outcome::Skipped;
+    };
+    let inner = space.inner();
+    let Some(g) = inner.try_read_lock() else {
+        return Outcome::Skipped;
+    };
+    match migrate_page(inner, &g, vaddr, src, dst) {
+        Ok(()) => Outcome::Migrated,
+        Err(MigrateError::Changed) => Outcome::Skipped,
+        Err(MigrateError::Pinned) => Outcome::Failed { pinned: true },
+    }
+}
+
+/// Counts a compaction run in progress while alive.
+struct Running<'a>(&'a AtomicUsize);
+
+impl<'a> Running<'a> {
+    fn enter(c: &'a AtomicUsize) -> Self {
+        c.fetch_add(1, Ordering::AcqRel);
+        Running(c)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Linux's `compact_zone`. `proactive_low`: a whole-zone run that stops once the
+/// proactive score is at most this.
+fn compact_zone(
+    mm: &Mm,
+    cc: &mut CompactControl,
+    proactive_low: Option<u32>,
+    tally_out: &mut CompactSummary,
+) -> CompactResult {
+    let pa = mm.page_alloc();
+    let z = cc.zone;
+    let _running = Running::enter(&mm.inner.compacting);
+    pa.compaction_merge(z);
+    if pa.compaction_done(cc) {
+        pa.compact_finish(cc);
+        return CompactResult::Success;
+    }
+    let mut cands: Vec<Pfn> = Vec::new();
+    let mut targets: Vec<Pfn> = Vec::new();
+    let mut sources: Vec<Pfn> = Vec::with_capacity(COMPACT_CLUSTER_MAX);
+    let mut tally = Tally::default();
+    let mut result = 'run: loop {
+        cands.clear();
+        if !pa.isolate_migratepages(cc, &mut cands) {
+            break CompactResult::Complete;
+        }
+        for batch in cands.chunks(COMPACT_CLUSTER_MAX) {
+            if targets.len() < batch.len() {
+                pa.isolate_freepages(cc, batch.len() - targets.len(), &mut targets);
+            }
+            // Spaces are held for one batch only: a space dropped meanwhile is
+            // freed right after it, not at the end of the run.
+            let mut spaces = SpaceCache::default();
+            for &src in batch {
+                let Some(&dst) = targets.last() else { break };
+                match migrate_one(mm, &mut spaces, src, dst) {
+                    Outcome::Migrated => {
+                        targets.pop();
+                        sources.push(src);
+                        tally.migrated += 1;
+                    }
+                    Outcome::Failed { pinned } => {
+                        tally.failed += 1;
+                        tally.pinned += pinned as u64;
+                    }
+                    Outcome::Skipped => {}
+                }
+            }
+            drop(spaces);
+            if !sources.is_empty() {
+                pa.put_sources(cc, &sources);
+                sources.clear();
+            }
+            // The goal first: a block captured in this very batch must not be
+            // reported as a run that found nothing.
+            if pa.compaction_done(cc) {
+                break 'run CompactResult::Success;
+            }
+            if targets.is_empty() && cc.scanners_met() {
+                break 'run CompactResult::Complete;
+            }
+        }
+        if let Some(low) = proactive_low {
+            if pa.proactive_score(z) <= low {
+                break CompactResult::Success;
+            }
+        }
+    };
+    if cc.captured.is_some() {
+        result = CompactResult::Success;
+    }
+    pa.release_freepages(z, &mut targets);
+    pa.compact_finish(cc);
+    pa.count_vm_event(VmEvent::CompactIsolated, tally.migrated + tally.failed);
+    pa.count_vm_event(VmEvent::PgMigrateSuccess, tally.migrated);
+    pa.count_vm_event(VmEvent::PgMigrateFail, tally.failed);
+    pa.count_vm_event(VmEvent::PgMigratePinned, tally.pinned);
+    tally_out.migrate_scanned += cc.migrate_scanned;
+    tally_out.free_scanned += cc.free_scanned;
+    tally_out.migrated += tally.migrated;
+    tally_out.failed += tally.failed;
+    result
+}
+
+/// Linux's `try_to_compact_pages` for the allocator's slow path: direct
+/// compaction of every zone for a block of `order`. Returns the result and the
+/// block captured for the caller, if any (already allocated to it).
+pub(crate) fn try_to_compact_pages(
+    mm: &Mm,
+    order: u32,
+    mt: MigrateType,
+) -> (CompactResult, Option<Pfn>) {
+    let pa = mm.page_alloc();
+    let mut res = CompactResult::Skipped;
+    for z in 0..pa.nr_zones() {
+        if pa.compaction_deferred(z, order) {
+            res = CompactResult::Deferred;
+            continue;
+        }
+        if !pa.compaction_suitable(z, order) {
+            continue;
+        }
+        let mut cc = pa.compact_control(z, Some(order), mt, CompactMode::Direct);
+        let r = compact_zone(mm, &mut cc, None, &mut CompactSummary::default());
+        // compact_zone reports a run that captured a block as a success.
+        debug_assert!(cc.captured.is_none() || r == CompactResult::Success);
+        let ok = r == CompactResult::Success;
+        pa.record_compaction(z, order, ok);
+        if ok {
+            pa.compaction_defer_reset(z, order, cc.captured.is_some());
+            return (r, cc.captured);
+        }
+        if r == CompactResult::Complete {
+            pa.defer_compaction(z, order);
+        }
+        res = r;
+    }
+    (res, None)
+}
+
+/// The allocator's slow-path hooks of one `Mm::alloc_pages` call: direct
+/// compaction, with the captured block kept until the slow path takes it (or
+/// freed if it does not), and kcompactd's wake-up.
+pub(crate) struct AllocHooks<'a> {
+    mm: &'a Mm,
+    captured: Cell<Option<(Pfn, u32)>>,
+}
+
+impl<'a> AllocHooks<'a> {
+    #[inline]
+    pub(crate) fn new(mm: &'a Mm) -> Self {
+        AllocHooks {
+            mm,
+            captured: Cell::new(None),
+        }
+    }
+}
+
+impl SlowPathHooks for AllocHooks<'_> {
+    fn wake_kswapd(&self, order: u32) {
+        if order > 0 {
+            self.mm.wakeup_kcompactd(order);
+        }
+    }
+
+    fn direct_compact(&self, order: u32, mt: MigrateType) -> bool {
+        if !self.mm.inner.compact.direct {
+            return false;
+        }
+        let (r, captured) = try_to_compact_pages(self.mm, order, mt);
+        if let Some(p) = captured {
+            if let Some((old, o)) = self.captured.replace(Some((p, order))) {
+                let _ = self.mm.free_pages(old, o);
+            }
+        }
+        r == CompactResult::Success
+    }
+
+    fn take_captured(&self, order: u32) -> Option<Pfn> {
+        match self.captured.take() {
+            Some((p, o)) if o == order => Some(p),
+            Some((p, o)) => {
+                let _ = self.mm.free_pages(p, o);
+                None
+            }
+            None => None,
+        }
+    }
+}
+
+impl Drop for AllocHooks<'_> {
+    fn drop(&mut self) {
+        if let Some((p, o)) = self.captured.take() {
+            let _ = self.mm.free_pages(p, o);
+        }
+    }
+}
+
+/// The wake-up state of kcompactd.
+#[derive(Default)]
+struct KcState {
+    stop: bool,
+    /// Highest order asked for since the last run (0: none).
+    order: u32,
+}
+
+/// kcompactd's control block, shared by the `Mm` and the thread.
+#[derive(Default)]
+pub(crate) struct Kcompactd {
+    state: Mutex<KcState>,
+    cv: Condvar,
+}
+
+impl Kcompactd {
+    fn lock(&self) -> std::sync::MutexGuard<'_, KcState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Asks for a run for `order` (Linux's `wakeup_kcompactd`).
+    fn wake(&self, order: u32) {
+        let mut s = self.lock();
+        if order > s.order {
+            s.order = order;
+            self.cv.notify_one();
+        }
+    }
+
+    /// Stops the thread (the `Mm` is being dropped).
+    pub(crate) fn stop(&self) {
+        self.lock().stop = true;
+        self.cv.notify_all();
+    }
+}
+
+/// Starts kcompactd for `inner` (holding it only weakly between runs).
+pub(crate) fn spawn_kcompactd(inner: &Arc<MmInner>, kc: Arc<Kcompactd>) {
+    let weak: Weak<MmInner> = Arc::downgrade(inner);
+    let proactiveness = inner.compact.proactiveness.min(100);
+    std::thread::Builder::new()
+        .name("mmkit-kcompactd".into())
+        .spawn(move || {
+            let mut backoff = 0u32;
+            loop {
+                let order = {
+                    let s = kc.lock();
+                    let (mut s, _) = kc
+                        .cv
+                        .wait_timeout_while(s, PROACTIVE_INTERVAL, |s| !s.stop && s.order == 0)
+                        .unwrap_or_else(|e| e.into_inner());
+                    if s.stop {
+                        return;
+                    }
+                    std::mem::take(&mut s.order)
+                };
+                let Some(inner) = weak.upgrade() else { return };
+                let mm = Mm { inner };
+                if order > 0 {
+                    kcompactd_do_work(&mm, order);
+                } else if proactiveness > 0 {
+                    if backoff > 0 {
+                        backoff -= 1;
+                    } else if !proactive_compact(&mm, proactiveness) {
+                        backoff = PROACTIVE_BACKOFF;
+                    }
+                }
+            }
+        })
+        .ok();
+}
+
+/// Linux's `kcompactd_do_work`: background compaction for `order`.
+fn kcompactd_do_work(mm: &Mm, order: u32) {
+    let pa = mm.page_alloc();
+    for z in 0..pa.nr_zones() {
+        if pa.compaction_deferred(z, order) || !pa.compaction_suitable(z, order) {
+            continue;
+        }
+        pa.count_vm_event(VmEvent::CompactDaemonWake, 1);
+        let mut cc = pa.compact_control(
+            z,
+            Some(order),
+            MigrateType::Movable,
+            CompactMode::Background,
+        );
+        match compact_zone(mm, &mut cc, None, &mut CompactSummary::default()) {
+            CompactResult::Success => pa.compaction_defer_reset(z, order, false),
+            CompactResult::Complete => pa.defer_compaction(z, order),
+            _ => {}
+        }
+    }
+}
+
+/// Linux's proactive compaction: whole-zone runs while the score is above the
+/// high mark, down to the low mark. False when a pass did not lower the score
+/// (the caller backs off).
+fn proactive_compact(mm: &Mm, proactiveness: u32) -> bool {
+    let pa = mm.page_alloc();
+    let low = 100u32.saturating_sub(proactiveness).max(5);
+    let high = (low + 10).min(100);
+    let mut progress = true;
+    for z in 0..pa.nr_zones() {
+        let before = pa.proactive_score(z);
+        // Nothing worth building with fewer free pages than two pageblocks.
+        let enough =
+            pa.zone_nr_free(z) > pa.zone_low_wmark(z) + 2 * mmkit_core::PAGEBLOCK_NR_PAGES as u64;
+        if before <= high || !enough {
+            continue;
+        }
+        pa.count_vm_event(VmEvent::CompactProactive, 1);
+        let mut cc = pa.compact_control(z, None, MigrateType::Movable, CompactMode::Full);
+        compact_zone(mm, &mut cc, Some(low), &mut CompactSummary::default());
+        if pa.proactive_score(z) >= before {
+            progress = false;
+        }
+    }
+    progress
+}
+
+impl Mm {
+    /// Compacts the whole of every zone now (Linux's `echo 1 >
+    /// /proc/sys/vm/compact_memory`): merges what lazy merging left, then migrates
+    /// every movable page it can from the start of the zone to free pages at its
+    /// end. Pinned pages and pages in use stay (counted as failed).
+    pub fn compact_memory(&self) -> CompactSummary {
+        let pa = self.page_alloc();
+        let mut sum = CompactSummary::default();
+        pa.drain_all_pages();
+        for z in 0..pa.nr_zones() {
+            let mut cc = pa.compact_control(z, None, MigrateType::Movable, CompactMode::Full);
+            compact_zone(self, &mut cc, None, &mut sum);
+        }
+        sum
+    }
+
+    /// Direct compaction for a block of `order`, as the allocator's slow path runs
+    /// it (deferral, suitability, stall statistics). A captured block is given back.
+    pub fn compact(&self, order: u32) -> CompactResult {
+        let (r, captured) =
+            try_to_compact_pages(self, order.min(crate::MAX_ORDER), MigrateType::Movable);
+        if let Some(p) = captured {
+            let _ = self.free_pages(p, order);
+        }
+        r
+    }
+
+    /// Waits until no compaction run is in progress (direct, kcompactd or
+    /// `compact_memory`, from any thread) and drops a pending kcompactd wake-up.
+    /// Pages isolated by a run are not free until it ends, so a caller that wants
+    /// `nr_free_pages()` exact after dropping its spaces calls this first.
+    pub fn wait_compaction_idle(&self) {
+        if let Some(kc) = &self.inner.kcompactd {
+            kc.lock().order = 0;
+        }
+        while self.inner.compacting.load(Ordering::Acquire) > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Deferral state and direct-compaction results per order, summed over zones.
+    pub fn compaction_stats(&self) -> CompactStats {
+        let pa = self.page_alloc();
+        let mut out = CompactStats::default();
+        for z in 0..pa.nr_zones() {
+            let s = pa.compaction_stats(z);
+            for o in 0..out.success.len() {
+                out.success[o] += s.success[o];
+                out.fail[o] += s.fail[o];
+                out.deferred[o] += s.deferred[o];
+            }
+            out.defer_shift = out.defer_shift.max(s.defer_shift);
+            out.order_failed = out.order_failed.max(s.order_failed);
+        }
+        out
+    }
+
+    /// Linux's fragmentation index of `order` (first zone): -1000 if a free block
+    /// of the order exists, else 0 (lack of memory) ..= 1000 (fragmentation).
+    pub fn fragmentation_index(&self, order: u32) -> i32 {
+        self.page_alloc().fragmentation_index(0, order)
+    }
+
+    /// Linux's proactive-compaction fragmentation score (first zone): percent of
+    /// free memory not in free blocks of at least a pageblock.
+    pub fn fragmentation_score(&self) -> u32 {
+        self.page_alloc().fragmentation_score(0)
+    }
+
+    /// Wakes kcompactd for `order` if the failure of such a request would be
+    /// fragmentation (index above the threshold) rather than lack of memory.
+    pub(crate) fn wakeup_kcompactd(&self, order: u32) {
+        let Some(kc) = &self.inner.kcompactd else {
+            return;
+        };
+        let fi = self.page_alloc().fragmentation_index(0, order);
+        if fi > mmkit_core::compaction::EXTFRAG_THRESHOLD {
+            kc.wake(order);
+        }
+    }
+}

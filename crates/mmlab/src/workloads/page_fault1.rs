@@ -1,0 +1,209 @@
+//! `page_fault1` (will-it-scale's page_fault1): each thread maps 128 MiB of
+//! anonymous memory (`--quick`: 16 MiB), writes one byte to each 4 KiB page (a
+//! page fault each), unmaps it, and loops. Two cases: `shared` (all threads in
+//! one mmkit `Space`, so mmap/munmap take its VMA lock exclusively against the
+//! others' faults) and `per-thread` (one `Space` per thread, will-it-scale's
+//! process mode). An op is one page written (one fault).
+//!
+//! Variants: mmkit with its default clearing (`Auto`); `mmkit-eager` and
+//! `mmkit-nopcp` (the "before" policy presets, also with page-at-a-time
+//! clearing); `kernel`, the same loop on this process's own `mmap`/`munmap`
+//! (threads of one process in both cases); and `clear-only`, just `clear_page`
+//! over a prefaulted buffer of the region's size per thread: what the faults
+//! cannot beat, since each of them clears a page.
+
+use super::host::thp_mode;
+use super::space_loop::{Access, ClearOnly, KernelTarget, MapAccessLoop, MmkitTarget};
+use super::{
+    arena_for, max_threads, Figure, Metric, Workload, ALLOC_FAILURES, ZONE_LOCK_CONTENDED_PCT,
+};
+use crate::peers::{Peer, VariantInfo};
+use crate::runner::{run_workers, Config, Measured, Timing};
+use anyhow::{bail, Result};
+use mmkit::{ClearStrategy, Variant};
+use serde_json::{Map, Value};
+
+/// Bytes each thread maps per iteration.
+pub const REGION: usize = 128 << 20;
+/// The same with `--quick`.
+pub const QUICK_REGION: usize = 16 << 20;
+
+/// The cases, in table order.
+pub const CASES: [&str; 2] = ["shared", "per-thread"];
+
+pub const FAULTS_PER_SEC: Metric = Metric {
+    name: "faults_per_sec",
+    unit: "1/s",
+    description: "pages first written per second, all threads summed: each is one page fault \
+                  (clear-only: pages cleared)",
+    higher_is_better: true,
+    mmkit_only: false,
+    hide_if_zero: false,
+};
+
+const METRICS: &[Metric] = &[FAULTS_PER_SEC, ZONE_LOCK_CONTENDED_PCT, ALLOC_FAILURES];
+
+const VARIANTS: &[VariantInfo] = &[
+    VariantInfo {
+        name: "mmkit",
+        description: "mmkit Space faults, default policies and clearing (auto)",
+    },
+    VariantInfo {
+        name: "mmkit-eager",
+        description: "mmkit Space faults, the eager (pre zone-lock work) policies, \
+                      page-at-a-time clearing",
+    },
+    VariantInfo {
+        name: "mmkit-nopcp",
+        description: "mmkit Space faults without per-CPU lists, page-at-a-time clearing",
+    },
+    VariantInfo {
+        name: "kernel",
+        description: "the host kernel: libc mmap(MAP_PRIVATE|MAP_ANONYMOUS), one volatile \
+                      byte store per 4 KiB, munmap; threads of this process",
+    },
+    VariantInfo {
+        name: "clear-only",
+        description: "clear_page on each 4 KiB of a prefaulted buffer of the region's size \
+                      per thread: the bound",
+    },
+];
+
+pub struct PageFault1;
+
+fn region(quick: bool) -> usize {
+    if quick {
+        QUICK_REGION
+    } else {
+        REGION
+    }
+}
+
+/// The policy preset and clearing strategy of an mmkit variant of this workload
+/// (also used by `anon_w_seq`).
+pub fn mmkit_preset(name: &str) -> Option<(Variant, ClearStrategy)> {
+    match name {
+        "mmkit" => Some((Variant::Mmkit, ClearStrategy::Auto)),
+        "mmkit-eager" => Some((Variant::MmkitEager, ClearStrategy::PageAtATime)),
+        "mmkit-nopcp" => Some((Variant::MmkitNoPcp, ClearStrategy::PageAtATime)),
+        _ => None,
+    }
+}
+
+/// Builds a variant of a workload whose mmkit variants are `mmkit_preset`s and
+/// whose other variants are `Native`, with an arena of `arena` bytes.
+pub fn build_preset(own: &'static [VariantInfo], variant: &str, arena: usize) -> Result<Peer> {
+    let Some(info) = own.iter().find(|v| v.name == variant) else {
+        bail!("unknown variant {variant:?} for this workload");
+    };
+    match mmkit_preset(variant) {
+        Some((v, clear)) => Peer::create_mmkit(variant, v, arena, clear),
+        None => Ok(Peer::Native(info.name)),
+    }
+}
+
+impl PageFault1 {
+    fn arena(&self, config: &Config) -> usize {
+        arena_for(max_threads(self, config) * region(config.timing.quick)).max(config.memory)
+    }
+}
+
+/// The figures of one case.
+fn case_figures(m: &Measured, case: &str) -> Vec<Figure> {
+    let mut out = vec![Figure::new(FAULTS_PER_SEC.name, m.ops_per_sec())];
+    if let Some(l) = &m.lock {
+        let pct = if l.acquisitions == 0 {
+            0.0
+        } else {
+            l.contended as f64 * 100.0 / l.acquisitions as f64
+        };
+        out.push(Figure::new(ZONE_LOCK_CONTENDED_PCT.name, pct));
+    }
+    out.push(Figure::new(ALLOC_FAILURES.name, m.failures as f64));
+    for f in &mut out {
+        f.case = Some(case.to_string());
+    }
+    out
+}
+
+/// One case of a map / access / unmap workload on `peer` (shared by
+/// `anon_w_seq`): mmkit in one shared Space or one Space per thread, the kernel,
+/// or clear-only.
+pub fn run_case(
+    peer: &Peer,
+    threads: usize,
+    timing: &Timing,
+    len: usize,
+    how: Access,
+    shared: bool,
+) -> Measured {
+    match (peer.mm(), peer.native()) {
+        (Some(mm), _) if shared => {
+            let space = mm.new_space().ok();
+            run_workers(peer, threads, timing, |_| {
+                let t = space
+                    .as_ref()
+                    .map_or(MmkitTarget::None, MmkitTarget::Shared);
+                MapAccessLoop::new(t, len, how)
+            })
+        }
+        (Some(mm), _) => run_workers(peer, threads, timing, |_| {
+            let t = mm.new_space().map_or(MmkitTarget::None, MmkitTarget::Own);
+            MapAccessLoop::new(t, len, how)
+        }),
+        (None, Some("clear-only")) => run_workers(peer, threads, timing, |_| ClearOnly::new(len)),
+        _ => run_workers(peer, threads, timing, |_| {
+            MapAccessLoop::new(KernelTarget, len, how)
+        }),
+    }
+}
+
+impl Workload for PageFault1 {
+    fn name(&self) -> &'static str {
+        "page_fault1"
+    }
+
+    fn description(&self) -> &'static str {
+        "will-it-scale page_fault1: each thread maps 128 MiB (quick: 16 MiB), writes one byte \
+         per 4 KiB page, unmaps, loops; cases shared (one Space) and per-thread (a Space each); \
+         faults_per_sec counts pages written"
+    }
+
+    fn metrics(&self) -> &'static [Metric] {
+        METRICS
+    }
+
+    fn default_threads(&self) -> &'static [usize] {
+        &[1, 2, 4]
+    }
+
+    fn own_variants(&self) -> Option<&'static [VariantInfo]> {
+        Some(VARIANTS)
+    }
+
+    fn build(&self, variant: &str, config: &Config) -> Result<Peer> {
+        build_preset(VARIANTS, variant, self.arena(config))
+    }
+
+    fn params_for(&self, config: &Config) -> Map<String, Value> {
+        let mut p = Map::new();
+        p.insert(
+            "region_bytes".into(),
+            (region(config.timing.quick) as u64).into(),
+        );
+        p.insert("memory_bytes".into(), (self.arena(config) as u64).into());
+        p.insert("host_thp".into(), thp_mode().into());
+        p
+    }
+
+    fn run(&self, peer: &Peer, threads: usize, timing: &Timing) -> Vec<Figure> {
+        let len = region(timing.quick);
+        let mut out = Vec::new();
+        for case in CASES {
+            peer.settle();
+            let m = run_case(peer, threads, timing, len, Access::Touch, case == "shared");
+            out.extend(case_figures(&m, case));
+        }
+        out
+    }
+}
