@@ -66,7 +66,7 @@ use std::sync::Arc;
 
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 use crossbeam_utils::CachePadded;
-use mmkit_core::clear::{clear_huge_page, clear_pages_with};
+use mmkit_core::clear::{clear_huge_page, clear_pages_with, ClearStrategy};
 use mmkit_core::Platform;
 
 use crate::pgtable::{
@@ -160,6 +160,17 @@ struct Vma {
     start: u64,
     end: u64,
     flags: MapFlags,
+}
+
+/// The clearing strategy for a huge-page fault in `vma`. `Auto` decides by the
+/// extent being populated, the mapping, not by the one 2 MiB page: faults that
+/// stream through more than the last-level cache clear with non-temporal stores,
+/// so they neither evict the working set nor pay for allocating lines that will be
+/// evicted before they are read (the window around the faulting sub-page is still
+/// cleared last with cached stores, see `clear_huge_page`); a huge mapping that fits
+/// in the cache is cleared with `rep stosb`.
+fn huge_clear_strategy(s: ClearStrategy, vma: &Vma) -> ClearStrategy {
+    s.resolve((vma.end - vma.start) as usize)
 }
 
 impl Vma {
@@ -958,7 +969,7 @@ impl SpaceInner {
                 return Ok(());
             }
             if e.is_none() && vma.huge_eligible(addr) {
-                if self.do_huge_pmd_anonymous_page(pmd_slot, pmd_pfn, addr, write) {
+                if self.do_huge_pmd_anonymous_page(vma, pmd_slot, pmd_pfn, addr, write) {
                     return Ok(());
                 }
                 self.stats.add(Stat::HugeFallbacks, 1);
@@ -1031,6 +1042,7 @@ impl SpaceInner {
     /// order 0); true when the PMD is now populated (by us or a racing fault).
     fn do_huge_pmd_anonymous_page(
         &self,
+        vma: &Vma,
         slot: &AtomicU64,
         pmd_pfn: Pfn,
         addr: u64,
@@ -1050,7 +1062,7 @@ impl SpaceInner {
                 mm.page_address(pfn),
                 HPAGE_PMD_NR as usize,
                 fault_index,
-                mm.clear_strategy(),
+                huge_clear_strategy(mm.clear_strategy(), vma),
                 &mut || {},
             )
         };
