@@ -565,3 +565,8 @@ impl Mm {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 }
+
+/// The README's example, compiled and run as a doctest so the README stays true.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

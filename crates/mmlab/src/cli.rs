@@ -14,7 +14,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// Measured interval per point, full run.
-pub const DURATION_MS: u64 = 1500;
+pub const DURATION_MS: u64 = 500;
+/// Rounds per point in a full run (the median is reported).
+pub const ROUNDS: usize = 3;
 /// Measured interval per point, `--quick`.
 pub const QUICK_DURATION_MS: u64 = 150;
 /// mmkit arena, full run.
@@ -55,9 +57,13 @@ struct RunArgs {
     /// [default: all that apply].
     #[arg(long, value_delimiter = ',')]
     variants: Option<Vec<String>>,
-    /// Measured interval per point in ms [default: 1500, quick: 150].
+    /// Measured interval per point in ms [default: 500, quick: 150].
     #[arg(long)]
     duration_ms: Option<u64>,
+    /// Rounds per point: the variants run interleaved this many times and the
+    /// median is reported [default: 3, quick: 1].
+    #[arg(long)]
+    rounds: Option<usize>,
     /// Unmeasured warmup before each point in ms [default: a fifth of the duration].
     #[arg(long)]
     warmup_ms: Option<u64>,
@@ -206,13 +212,15 @@ fn run(args: RunArgs) -> Result<()> {
         },
         memory: usize::try_from(memory).context("--memory does not fit this machine")?,
         progress: !args.quick && std::io::stdout().is_terminal(),
+        rounds: args.rounds.unwrap_or(if args.quick { 1 } else { ROUNDS }),
     };
     let command: Vec<String> = std::env::args().collect();
     let command = command.join(" ");
     println!(
-        "# {command}\n# {} ms per point after {} ms warmup, {} MiB arena\n",
+        "# {command}\n# {} ms per point after {} ms warmup, median of {} rounds, {} MiB arena\n",
         duration_ms,
         warmup_ms,
+        config.rounds,
         memory >> 20
     );
 
@@ -226,6 +234,10 @@ fn run(args: RunArgs) -> Result<()> {
         println!("  {f}");
     }
     if let Some(path) = &args.json {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("creating the directory of --json {}", path.display()))?;
+        }
         let f = std::fs::File::create(path)
             .with_context(|| format!("creating --json {}", path.display()))?;
         write_jsonl(std::io::BufWriter::new(f), &records)?;

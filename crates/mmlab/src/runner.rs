@@ -52,6 +52,8 @@ pub struct Config {
     pub memory: usize,
     /// Show a progress bar.
     pub progress: bool,
+    /// Rounds per point (variants interleaved in each round); the median is reported.
+    pub rounds: usize,
 }
 
 /// One unit of a workload's per-thread loop.
@@ -210,6 +212,14 @@ pub fn threads_for(workload: &dyn Workload, config: &Config) -> Vec<usize> {
 /// module comment says. `done` is called after each workload with its records
 /// (through the progress bar, so printing from it is clean). Problems that do not
 /// stop the run (a failed `check` after a workload) go to stderr and `warnings`.
+fn rounds_for(w: &dyn Workload, config: &Config) -> usize {
+    if w.repeatable() {
+        config.rounds.max(1)
+    } else {
+        1
+    }
+}
+
 pub fn run(
     config: &Config,
     list: &[&dyn Workload],
@@ -218,7 +228,9 @@ pub fn run(
 ) -> Result<Vec<Record>> {
     let total: usize = list
         .iter()
-        .map(|w| variants_for(*w, config).len() * threads_for(*w, config).len())
+        .map(|w| {
+            variants_for(*w, config).len() * threads_for(*w, config).len() * rounds_for(*w, config)
+        })
         .sum();
     let pb = if config.progress {
         let pb = ProgressBar::new(total as u64);
@@ -248,12 +260,21 @@ pub fn run(
             .collect::<Result<Vec<_>>>()?;
         let mut records = Vec::new();
         for &t in &threads {
-            for (name, peer) in variants.iter().zip(&peers) {
-                pb.set_message(format!("{} {} threads={}", w.name(), name, t));
-                peer.settle();
-                let figures = w.run(peer, t, &config.timing);
+            // Rounds of the variants interleaved, then the median of each figure:
+            // a burst of noise on this shared machine hits one round of one
+            // variant, not the comparison.
+            let mut rounds: Vec<Vec<Vec<workloads::Figure>>> = vec![Vec::new(); variants.len()];
+            for _ in 0..rounds_for(w, config) {
+                for (i, (name, peer)) in variants.iter().zip(&peers).enumerate() {
+                    pb.set_message(format!("{} {} threads={}", w.name(), name, t));
+                    peer.settle();
+                    rounds[i].push(w.run(peer, t, &config.timing));
+                    pb.inc(1);
+                }
+            }
+            for (name, r) in variants.iter().zip(&rounds) {
+                let figures = workloads::median_figures(r);
                 records.extend(workloads::to_records(w, name, t, config, figures));
-                pb.inc(1);
             }
         }
         for (name, peer) in variants.iter().zip(&peers) {

@@ -454,6 +454,10 @@ impl Workload for ClearHuge {
         p
     }
 
+    fn repeatable(&self) -> bool {
+        false
+    }
+
     fn run(&self, peer: &Peer, threads: usize, timing: &Timing) -> Vec<Figure> {
         if threads != 1 {
             return Vec::new();

@@ -207,6 +207,10 @@ impl Workload for HighAlloc {
         p
     }
 
+    fn repeatable(&self) -> bool {
+        false
+    }
+
     fn run(&self, peer: &Peer, threads: usize, timing: &Timing) -> Vec<Figure> {
         let Some(mm) = peer.mm() else {
             return Vec::new();

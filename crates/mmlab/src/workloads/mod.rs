@@ -157,6 +157,12 @@ pub trait Workload: Sync {
     }
     /// Measures one point: `threads` threads on `peer` for `timing`.
     fn run(&self, peer: &Peer, threads: usize, timing: &Timing) -> Vec<Figure>;
+    /// Whether the runner may repeat a point `--rounds` times and report the
+    /// median. Workloads whose point is a fixed amount of work that already takes
+    /// its own median (or that would take too long three times) say no.
+    fn repeatable(&self) -> bool {
+        true
+    }
 }
 
 /// Every workload, in run order.
@@ -190,6 +196,28 @@ pub fn is_variant(name: &str) -> bool {
 
 /// The median of `v` (the mean of the middle two for an even count); `None` when
 /// `v` is empty. NaNs sort last.
+/// Per figure (metric and case) of the first round, the median over all rounds.
+pub fn median_figures(rounds: &[Vec<Figure>]) -> Vec<Figure> {
+    let Some(first) = rounds.first() else {
+        return Vec::new();
+    };
+    first
+        .iter()
+        .map(|f| {
+            let vals: Vec<f64> = rounds
+                .iter()
+                .flat_map(|r| r.iter())
+                .filter(|g| g.metric == f.metric && g.case == f.case)
+                .map(|g| g.value)
+                .collect();
+            Figure {
+                value: median(&vals).unwrap_or(f.value),
+                ..f.clone()
+            }
+        })
+        .collect()
+}
+
 pub fn median(v: &[f64]) -> Option<f64> {
     if v.is_empty() {
         return None;
@@ -346,6 +374,25 @@ mod tests {
     }
 
     #[test]
+    fn median_figures_per_metric_and_case() {
+        let r = |a: f64, b: f64| {
+            vec![
+                Figure::new("ops_per_sec", a),
+                Figure {
+                    metric: "ops_per_sec",
+                    value: b,
+                    case: Some("x".into()),
+                },
+            ]
+        };
+        let m = median_figures(&[r(1.0, 10.0), r(3.0, 30.0), r(2.0, 20.0)]);
+        assert_eq!(m[0].value, 2.0);
+        assert_eq!(m[1].value, 20.0);
+        assert_eq!(m[1].case.as_deref(), Some("x"));
+        assert!(median_figures(&[]).is_empty());
+    }
+
+    #[test]
     fn median_of_odd_even_and_empty() {
         assert_eq!(median(&[]), None);
         assert_eq!(median(&[3.0]), Some(3.0));
@@ -429,6 +476,7 @@ mod tests {
             timing,
             memory: 64 << 20,
             progress: false,
+            rounds: 1,
         };
         for w in all() {
             let Some(own) = w.own_variants() else {

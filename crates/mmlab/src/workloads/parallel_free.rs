@@ -136,6 +136,10 @@ impl Workload for ParallelFree {
         p
     }
 
+    fn repeatable(&self) -> bool {
+        false
+    }
+
     fn run(&self, peer: &Peer, threads: usize, timing: &Timing) -> Vec<Figure> {
         let len = region(timing.quick);
         let rep = || match peer.mm() {
