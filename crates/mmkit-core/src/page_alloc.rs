@@ -282,6 +282,45 @@ impl<P: Platform> PageAlloc<P> {
         self.alloc_slowpath(order, &ac, hooks)
     }
 
+    /// Allocates up to `out.len()` order-0 pages on the fast path only (Linux's
+    /// `alloc_pages_bulk`): one per-CPU lock hold for the whole batch, no slow path,
+    /// so it may return fewer (even 0) when the lists and the zone above its low
+    /// watermark cannot supply them. Returns the number written to `out`.
+    pub fn alloc_pages_bulk(&self, gfp: Gfp, out: &mut [Pfn]) -> usize {
+        let ac = AllocContext::new(gfp);
+        let mut n = 0;
+        if !self.pcp.is_empty() && ac.mt < MIGRATE_PCPTYPES {
+            for z in 0..self.zones.len() {
+                let Some(mut g) = self.pcp_trylock(z) else {
+                    continue;
+                };
+                while n < out.len() {
+                    match self.rmqueue_pcplist(z, &mut g, 0, ac.mt, ALLOC_WMARK_LOW) {
+                        Some(idx) => out[n] = Pfn::new(idx as u64),
+                        None => break,
+                    }
+                    n += 1;
+                }
+                drop(g);
+                if n == out.len() {
+                    break;
+                }
+            }
+        } else {
+            while n < out.len() {
+                match self.get_page_from_freelist(0, ALLOC_WMARK_LOW, &ac) {
+                    Some(idx) => out[n] = Pfn::new(idx as u64),
+                    None => break,
+                }
+                n += 1;
+            }
+        }
+        for p in &out[..n] {
+            self.prep_new_page(p.get() as u32, 0, ac.mt);
+        }
+        n
+    }
+
     #[inline]
     pub(crate) fn prep_new_page(&self, idx: u32, order: u32, mt: usize) -> Pfn {
         let p = self.mem.page(idx);
@@ -684,7 +723,7 @@ impl<P: Platform> PageAlloc<P> {
     pub fn put_pages_bulk(&self, blocks: &[(Pfn, u32)]) -> usize {
         let mut freed = 0;
         let mut pcp: Option<(usize, PcpGuard<'_>)> = None;
-        for &(pfn, order) in blocks {
+        for &(pfn, order) in blocks.iter().rev() {
             let Some(p) = self.mem.pages.get(pfn.get() as usize) else {
                 continue;
             };

@@ -174,6 +174,14 @@ impl Variant {
     pub fn from_name(s: &str) -> Option<Variant> {
         Variant::ALL.into_iter().find(|v| v.name() == s)
     }
+    /// Anonymous fault-around batch: 16 pages for the mmkit policies, off (1) for
+    /// the Linux baselines.
+    pub const fn fault_around(self) -> usize {
+        match self {
+            Variant::Mmkit | Variant::MmkitNoMerge => 16,
+            Variant::MmkitEager | Variant::MmkitNoPcp => 1,
+        }
+    }
     fn apply(self, c: &mut Config) {
         let (pcp, merge, refill, high) = match self {
             Variant::Mmkit => (
@@ -216,6 +224,7 @@ pub struct MmBuilder {
     hugetlb: bool,
     prefault: bool,
     clear: ClearStrategy,
+    fault_around: usize,
     compact: CompactConfig,
 }
 
@@ -241,6 +250,14 @@ impl MmBuilder {
     /// A named policy set.
     pub fn variant(mut self, v: Variant) -> Self {
         v.apply(&mut self.cfg);
+        self.fault_around = v.fault_around();
+        self
+    }
+    /// Anonymous fault-around: a fault on an order-0 mapping also populates up to
+    /// `pages - 1` following empty entries of the same page table and mapping, in
+    /// one batch (1 = off, Linux's anonymous behaviour; at most 64).
+    pub fn fault_around(mut self, pages: usize) -> Self {
+        self.fault_around = pages.clamp(1, 64);
         self
     }
     /// Per-CPU lists on/off.
@@ -326,6 +343,7 @@ impl MmBuilder {
             alloc,
             arena,
             clear: self.clear,
+            fault_around: self.fault_around,
             worker: Arc::new((Mutex::new(false), Condvar::new())),
             compact: self.compact,
             kcompactd: kcompactd.clone(),
@@ -370,6 +388,7 @@ struct MmInner {
     alloc: PageAlloc<StdPlatform>,
     arena: arena::Arena,
     clear: ClearStrategy,
+    fault_around: usize,
     worker: Arc<(Mutex<bool>, Condvar)>,
     compact: CompactConfig,
     kcompactd: Option<Arc<Kcompactd>>,
@@ -423,6 +442,7 @@ impl Mm {
             hugetlb: false,
             prefault: false,
             clear: ClearStrategy::Auto,
+            fault_around: Variant::Mmkit.fault_around(),
             compact: CompactConfig::default(),
         }
     }
@@ -540,6 +560,12 @@ impl Mm {
     /// The clearing strategy in force.
     pub fn clear_strategy(&self) -> ClearStrategy {
         self.inner.clear
+    }
+
+    /// Pages a fault on an order-0 mapping populates at most (1: fault-around off).
+    #[inline]
+    pub fn fault_around(&self) -> usize {
+        self.inner.fault_around
     }
 
     /// The policies in force.

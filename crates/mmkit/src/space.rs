@@ -71,7 +71,8 @@ use mmkit_core::Platform;
 
 use crate::pgtable::{
     alloc_table, desc, level_shift, pt_index, table, used, Pte, Table, HPAGE_PMD_NR,
-    HPAGE_PMD_ORDER, PMD_SIZE, PTE_ACCESSED, PTE_COMPOUND, PTE_DIRTY, PTE_WRITE, TASK_SIZE,
+    HPAGE_PMD_ORDER, PMD_SIZE, PTE_ACCESSED, PTE_COMPOUND, PTE_DIRTY, PTE_WRITE, PTRS_PER_TABLE,
+    TASK_SIZE,
 };
 use crate::{rmap, Error, Gfp, Mm, Pfn, StdPlatform, PAGE_SIZE};
 
@@ -982,7 +983,7 @@ impl SpaceInner {
         let slot = &pt[pt_index(addr, 0)];
         let e = Pte::from_raw(slot.load(Ordering::Acquire));
         if e.is_none() {
-            return self.do_anonymous_page(slot, pte_pfn, addr, write);
+            return self.do_anonymous_page(vma, pt, pte_pfn, addr, write);
         }
         if e.is_migration() {
             wait_migration(slot, e);
@@ -1007,32 +1008,67 @@ impl SpaceInner {
         Ok(()) // present: a racing fault installed it
     }
 
-    /// Linux's `do_anonymous_page`: a cleared order-0 page at `addr`.
+    /// Linux's `do_anonymous_page`: a cleared order-0 page at `addr`, and, with
+    /// anonymous fault-around (`Mm::fault_around`, an mTHP-like batch of
+    /// independent order-0 pages), cleared pages for the empty entries that follow
+    /// it in the same page table and mapping. The batch is allocated under one
+    /// per-CPU lock hold (`alloc_pages_bulk`), cleared back to back, then installed:
+    /// the store-buffer drain that the first `compare_exchange` forces after
+    /// clearing is paid once per batch instead of once per page. Each page is an
+    /// ordinary movable order-0 page with its own reverse map.
     fn do_anonymous_page(
         &self,
-        slot: &AtomicU64,
+        vma: &Vma,
+        pt: &Table,
         pt_pfn: Pfn,
         addr: u64,
         write: bool,
     ) -> Result<(), Error> {
+        const MAX_AROUND: usize = 64;
         let mm = &self.mm;
-        let pfn = mm.alloc_pages(Gfp::MOVABLE, 0)?;
-        // SAFETY: the page is ours (just allocated, not yet mapped): 4096 writable
-        // bytes inside the arena that nothing else references.
-        unsafe { clear_pages_with(mm.page_address(pfn), PAGE_SIZE, mm.clear_strategy()) };
+        let idx = pt_index(addr, 0);
         let va = addr & !(PAGE - 1);
-        rmap::set(mm, pfn, self.id, va);
-        let pte = leaf(pfn, false).with(PTE_ACCESSED | if write { PTE_DIRTY } else { 0 });
-        match slot.compare_exchange(0, pte.raw(), Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => {
-                used(mm, pt_pfn).fetch_add(1, Ordering::Relaxed);
-                self.stats.add(Stat::Rss, 1);
+        let mut want = 1;
+        let around = mm.fault_around().min(MAX_AROUND);
+        if around > 1 {
+            let limit = around
+                .min(PTRS_PER_TABLE - idx)
+                .min(((vma.end - va) / PAGE) as usize);
+            while want < limit && pt[idx + want].load(Ordering::Relaxed) == 0 {
+                want += 1;
             }
-            Err(_) => {
-                rmap::clear(mm, pfn);
-                mm.free_pages(pfn, 0)
-                    .expect("freeing our own unpublished page");
+        }
+        let mut pfns = [Pfn::new(0); MAX_AROUND];
+        pfns[0] = mm.alloc_pages(Gfp::MOVABLE, 0)?;
+        let n = 1 + mm
+            .page_alloc()
+            .alloc_pages_bulk(Gfp::MOVABLE, &mut pfns[1..want]);
+        let strategy = mm.clear_strategy();
+        for pfn in &pfns[..n] {
+            // SAFETY: each page is ours (just allocated, not yet mapped): 4096
+            // writable bytes inside the arena that nothing else references.
+            unsafe { clear_pages_with(mm.page_address(*pfn), PAGE_SIZE, strategy) };
+        }
+        // Every page of the batch is mapped young, as Linux maps the pages of an
+        // anonymous large folio, so the accesses that follow find their bits set.
+        let bits = PTE_ACCESSED | if write { PTE_DIRTY } else { 0 };
+        let mut installed = 0;
+        for (i, pfn) in pfns[..n].iter().enumerate() {
+            rmap::set(mm, *pfn, self.id, va + (i as u64) * PAGE);
+            let pte = leaf(*pfn, false).with(bits);
+            match pt[idx + i].compare_exchange(0, pte.raw(), Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => installed += 1,
+                Err(_) => {
+                    // A racing fault installed its own page here.
+                    rmap::clear(mm, *pfn);
+                    mm.free_pages(*pfn, 0)
+                        .expect("freeing our own unpublished page");
+                }
             }
+        }
+        if installed > 0 {
+            used(mm, pt_pfn).fetch_add(installed, Ordering::Relaxed);
+            self.stats.add(Stat::Rss, installed as i64);
         }
         Ok(())
     }
@@ -1406,8 +1442,13 @@ mod tests {
     use super::*;
     use crate::pgtable::SwapEntry;
 
+    /// Fault-around off: these tests place entries page by page.
     fn mm() -> Mm {
-        Mm::builder().memory(32 << 20).build().unwrap()
+        Mm::builder()
+            .memory(32 << 20)
+            .fault_around(1)
+            .build()
+            .unwrap()
     }
 
     #[test]

@@ -27,6 +27,11 @@ fn mm(mem: usize) -> Mm {
     mm_with(Variant::Mmkit, mem)
 }
 
+/// Fault-around off, for tests that count pages fault by fault.
+fn mm_single(mem: usize) -> Mm {
+    Mm::builder().memory(mem).fault_around(1).build().unwrap()
+}
+
 fn free_now(mm: &Mm) -> u64 {
     mm.drain_all_pages();
     mm.nr_free_pages()
@@ -64,7 +69,7 @@ fn is_bad(r: Result<(), Error>) -> bool {
 
 #[test]
 fn demand_zero() {
-    let mm = mm(32 * MIB);
+    let mm = mm_single(32 * MIB);
     let before = free_now(&mm);
     {
         let s = mm.new_space().unwrap();
@@ -207,7 +212,7 @@ fn racing_first_touches_lose_no_write() {
 
 #[test]
 fn huge_pages_when_available() {
-    let mm = mm(64 * MIB);
+    let mm = mm_single(64 * MIB);
     let before = free_now(&mm);
     {
         let s = mm.new_space().unwrap();
@@ -771,4 +776,55 @@ fn spaces_are_send_and_sync() {
     drop(spaces);
     assert_eq!(free_now(&mm), before);
     check(&mm);
+}
+
+/// Anonymous fault-around: one fault populates the following empty entries of the
+/// same page table and mapping (never beyond either), every page demand-zero and
+/// independently unmappable, and nothing leaks.
+#[test]
+fn fault_around_populates_within_the_mapping_and_table() {
+    let mm = Mm::builder()
+        .memory(64 << 20)
+        .fault_around(16)
+        .build()
+        .unwrap();
+    mm.drain_all_pages();
+    let before = mm.nr_free_pages();
+    {
+        let s = mm.new_space().unwrap();
+        // 5 pages: a fault on the first populates all 5, not more.
+        let a = s.mmap(5 * 4096, MapFlags::empty()).unwrap();
+        s.write(a + 1, &[7]).unwrap();
+        assert_eq!(s.stats().rss_pages, 5);
+        for i in 0..5u64 {
+            let t = s
+                .translate(a + i * 4096)
+                .expect("populated by fault-around");
+            assert_eq!(t.order, 0);
+            let mut b = [1u8; 4096];
+            s.read(a + i * 4096, &mut b).unwrap();
+            let expect_seven = i == 0;
+            assert!(b
+                .iter()
+                .enumerate()
+                .all(|(j, &x)| x == if expect_seven && j == 1 { 7 } else { 0 }));
+        }
+        // A fault in the middle of a large mapping populates at most 16 pages.
+        let big = s.mmap(1 << 20, MapFlags::empty()).unwrap();
+        let rss = s.stats().rss_pages;
+        s.touch(big + 8 * 4096, true).unwrap();
+        assert_eq!(s.stats().rss_pages, rss + 16);
+        assert!(
+            s.translate(big + 7 * 4096).is_none(),
+            "nothing before the fault"
+        );
+        assert!(s.translate(big + 24 * 4096).is_none(), "at most 16 pages");
+        // Pages of a batch unmap one by one.
+        s.munmap(big + 10 * 4096, 4096).unwrap();
+        assert!(s.translate(big + 9 * 4096).is_some());
+        assert!(s.translate(big + 11 * 4096).is_some());
+    }
+    mm.drain_all_pages();
+    assert_eq!(mm.nr_free_pages(), before);
+    mm.check().unwrap();
 }
