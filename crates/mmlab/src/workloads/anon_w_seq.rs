@@ -5,8 +5,8 @@
 //! usemem task is a process; the kernel's threads share this process. An op is
 //! one page written; the figure is bytes written per second.
 
-use super::host::{thp_mode, PAGE};
-use super::page_fault1::{build_preset, run_case};
+use super::host::PAGE;
+use super::page_fault1::{build_preset, region_params, run_case};
 use super::space_loop::Access;
 use super::{arena_for, gb_per_sec, max_threads, Figure, Metric, Workload, ALLOC_FAILURES};
 use crate::peers::{Peer, VariantInfo};
@@ -96,14 +96,7 @@ impl Workload for AnonWSeq {
     }
 
     fn params_for(&self, config: &Config) -> Map<String, Value> {
-        let mut p = Map::new();
-        p.insert(
-            "region_bytes".into(),
-            (region(config.timing.quick) as u64).into(),
-        );
-        p.insert("memory_bytes".into(), (self.arena(config) as u64).into());
-        p.insert("host_thp".into(), thp_mode().into());
-        p
+        region_params(region(config.timing.quick), self.arena(config))
     }
 
     fn run(&self, peer: &Peer, threads: usize, timing: &Timing) -> Vec<Figure> {

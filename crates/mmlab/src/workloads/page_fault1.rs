@@ -158,6 +158,16 @@ pub fn run_case(
     }
 }
 
+/// The params of a map-access-unmap workload: bytes per thread's region, the
+/// mmkit arena, and the host's THP mode.
+pub fn region_params(region: usize, arena: usize) -> Map<String, Value> {
+    let mut p = Map::new();
+    p.insert("region_bytes".into(), (region as u64).into());
+    p.insert("memory_bytes".into(), (arena as u64).into());
+    p.insert("host_thp".into(), thp_mode().into());
+    p
+}
+
 impl Workload for PageFault1 {
     fn name(&self) -> &'static str {
         "page_fault1"
@@ -186,14 +196,7 @@ impl Workload for PageFault1 {
     }
 
     fn params_for(&self, config: &Config) -> Map<String, Value> {
-        let mut p = Map::new();
-        p.insert(
-            "region_bytes".into(),
-            (region(config.timing.quick) as u64).into(),
-        );
-        p.insert("memory_bytes".into(), (self.arena(config) as u64).into());
-        p.insert("host_thp".into(), thp_mode().into());
-        p
+        region_params(region(config.timing.quick), self.arena(config))
     }
 
     fn run(&self, peer: &Peer, threads: usize, timing: &Timing) -> Vec<Figure> {
