@@ -87,9 +87,25 @@ impl Measured {
     }
 }
 
-const WARMUP: u8 = 0;
-const MEASURE: u8 = 1;
-const STOP: u8 = 2;
+/// Phases of a point, as the workers read them: warm up, measure, stop.
+pub(crate) const WARMUP: u8 = 0;
+pub(crate) const MEASURE: u8 = 1;
+pub(crate) const STOP: u8 = 2;
+
+/// Steps `w` until the phase says stop; returns the ops counted while measuring.
+pub(crate) fn step_until_stop(w: &mut impl Worker, phase: &AtomicU8) -> u64 {
+    let mut ops = 0;
+    loop {
+        let ph = phase.load(Ordering::Relaxed);
+        if ph == STOP {
+            return ops;
+        }
+        let n = w.step();
+        if ph == MEASURE {
+            ops += n;
+        }
+    }
+}
 
 /// Runs `threads` workers built by `make(thread_index)` (on their own thread)
 /// with the warmup and measured interval of `timing`; see the module comment.
@@ -113,17 +129,7 @@ where
                     }
                     let mut w = make(tid);
                     start.wait();
-                    let mut ops = 0u64;
-                    loop {
-                        let ph = phase.load(Ordering::Relaxed);
-                        if ph == STOP {
-                            break;
-                        }
-                        let n = w.step();
-                        if ph == MEASURE {
-                            ops += n;
-                        }
-                    }
+                    let ops = step_until_stop(&mut w, phase);
                     stopped.wait();
                     w.finish();
                     (ops, w.failures())

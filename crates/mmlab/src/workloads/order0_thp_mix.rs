@@ -34,7 +34,7 @@ use super::highalloc::{build_variant, fill, VARIANTS};
 use super::space_loop::{Access, MapAccessLoop, MmkitTarget, Target};
 use super::{arena_for, max_threads, Figure, Metric, Workload, ALLOC_FAILURES};
 use crate::peers::{Peer, VariantInfo};
-use crate::runner::{Config, Timing, Worker};
+use crate::runner::{step_until_stop, Config, Timing, Worker, MEASURE, STOP, WARMUP};
 use anyhow::Result;
 use mmkit::{MapFlags, Space};
 use serde_json::{Map, Value};
@@ -164,23 +164,10 @@ where
     }
 }
 
-const WARMUP: u8 = 0;
-const MEASURE: u8 = 1;
-const STOP: u8 = 2;
-
-/// Runs `w` until the phase says stop; returns the ops counted while measuring.
+/// Runs `w` until the phase says stop, then lets it release what it holds;
+/// returns the ops counted while measuring.
 fn drive(w: &mut impl Worker, phase: &AtomicU8) -> u64 {
-    let mut ops = 0;
-    loop {
-        let ph = phase.load(Ordering::Relaxed);
-        if ph == STOP {
-            break;
-        }
-        let n = w.step();
-        if ph == MEASURE {
-            ops += n;
-        }
-    }
+    let ops = step_until_stop(w, phase);
     w.finish();
     ops
 }
