@@ -72,6 +72,9 @@ pub struct Config {
     pub nr_cpus: usize,
     /// Per-CPU batch; `None` derives it from the zone size as Linux does.
     pub pcp_batch: Option<u32>,
+    /// Lock-free per-CPU order-0 caches in front of the per-CPU lists
+    /// ([`crate::pcp_cache`]), where the platform has restartable sequences.
+    pub pcp_cache: bool,
 }
 
 impl Default for Config {
@@ -83,6 +86,7 @@ impl Default for Config {
             pcp_high: PcpHighPolicy::Auto,
             nr_cpus: 1,
             pcp_batch: None,
+            pcp_cache: true,
         }
     }
 }

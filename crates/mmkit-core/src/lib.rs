@@ -19,6 +19,7 @@ pub mod gfp;
 pub mod page;
 mod page_alloc;
 pub mod pcp;
+pub mod pcp_cache;
 pub mod platform;
 pub mod stat;
 pub mod zone;

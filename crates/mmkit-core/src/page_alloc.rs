@@ -36,6 +36,7 @@ use crate::page::{
     PAGEBLOCK_NR_PAGES, PAGEBLOCK_ORDER, PG_MERGE_SKIPPED,
 };
 use crate::pcp::{PcpGuard, PcpList, PerCpuPages, PCP_BATCH_SCALE_MAX, PCP_MAX_ORDER, PCP_ORDERS};
+use crate::pcp_cache::{FencedCaches, PcpCacheTable, PCP_CACHE_SLOTS};
 use crate::platform::Platform;
 use crate::stat::{AtomicEvents, LockStats, VmEvent, VmEvents};
 use crate::zone::{MemMap, Span, Zone, ZoneGuard};
@@ -129,10 +130,17 @@ pub struct PageAlloc<P: Platform> {
     pub(crate) mem: MemMap,
     pub(crate) zones: Box<[Zone<P>]>,
     pcp: Box<[PerCpuPages]>,
+    /// Lock-free order-0 caches in front of `pcp` (None: off or unavailable).
+    caches: Option<PcpCacheTable>,
     pub(crate) events: Box<[AtomicEvents]>,
     ncpu: usize,
     nr_pages: u64,
 }
+
+/// Pages moved between a per-CPU cache and its per-CPU list at a time: half the
+/// cache, so that a CPU alternating between allocating and freeing does not
+/// bounce at either end.
+const PCP_CACHE_BATCH: usize = PCP_CACHE_SLOTS / 2;
 
 /// Linux's `zone_batchsize`: a quarter of 1/1024 of the zone, at most 256 pages,
 /// rounded to 2^n - 1 to keep batches from aliasing in caches.
@@ -195,11 +203,14 @@ impl<P: Platform> PageAlloc<P> {
             .map(|_| PerCpuPages::new(batch, high_min, high_max))
             .collect();
         let events: Box<[AtomicEvents]> = (0..ncpu).map(|_| AtomicEvents::new()).collect();
+        let caches = (pcp_count > 0 && cfg.pcp_cache && P::cache_ops_available())
+            .then(|| PcpCacheTable::new(zones.len(), ncpu));
         let pa = PageAlloc {
             cfg,
             mem,
             zones,
             pcp,
+            caches,
             events,
             ncpu,
             nr_pages,
@@ -276,10 +287,24 @@ impl<P: Platform> PageAlloc<P> {
             return Err(AllocError::InvalidOrder);
         }
         let ac = AllocContext::new(gfp);
+        if order == 0 && ac.mt < MIGRATE_PCPTYPES {
+            if let Some(c) = &self.caches {
+                for z in 0..self.zones.len() {
+                    if let Some(idx) = c.pop::<P>(z, ac.mt) {
+                        return Ok(self.prep_new_page(idx, 0, ac.mt));
+                    }
+                }
+            }
+        }
         if let Some(idx) = self.get_page_from_freelist(order, ALLOC_WMARK_LOW, &ac) {
             return Ok(self.prep_new_page(idx, order, ac.mt));
         }
         self.alloc_slowpath(order, &ac, hooks)
+    }
+
+    /// Whether the lock-free per-CPU caches are in use.
+    pub fn has_pcp_caches(&self) -> bool {
+        self.caches.is_some()
     }
 
     /// Allocates up to `out.len()` order-0 pages on the fast path only (Linux's
@@ -290,7 +315,23 @@ impl<P: Platform> PageAlloc<P> {
         let ac = AllocContext::new(gfp);
         let mut n = 0;
         if !self.pcp.is_empty() && ac.mt < MIGRATE_PCPTYPES {
+            // The cache first: it holds the pages that come next off the list.
+            if let Some(c) = &self.caches {
+                'cache: for z in 0..self.zones.len() {
+                    while n < out.len() {
+                        let Some(idx) = c.pop::<P>(z, ac.mt) else {
+                            continue 'cache;
+                        };
+                        out[n] = Pfn::new(idx as u64);
+                        n += 1;
+                    }
+                    break;
+                }
+            }
             for z in 0..self.zones.len() {
+                if n == out.len() {
+                    break;
+                }
                 let Some(mut g) = self.pcp_trylock(z) else {
                     continue;
                 };
@@ -351,10 +392,107 @@ impl<P: Platform> PageAlloc<P> {
     fn rmqueue(&self, z: usize, order: u32, alloc_flags: u32, ac: &AllocContext) -> Option<u32> {
         if !self.pcp.is_empty() && order <= PCP_MAX_ORDER && ac.mt < MIGRATE_PCPTYPES {
             if let Some(mut g) = self.pcp_trylock(z) {
-                return self.rmqueue_pcplist(z, &mut g, order, ac.mt, alloc_flags);
+                let r = self.rmqueue_pcplist(z, &mut g, order, ac.mt, alloc_flags);
+                if order == 0 && r.is_some() && self.caches.is_some() {
+                    self.fill_cache(z, g, ac.mt);
+                }
+                return r;
             }
         }
         self.rmqueue_buddy(z, order, ac.mt, alloc_flags)
+    }
+
+    /// After a cache miss served by the per-CPU list: moves up to
+    /// `PCP_CACHE_BATCH` more of its hot pages into the current CPU's cache, so
+    /// the next allocations take no lock. Pages the cache no longer has room for
+    /// (another thread on this CPU filled it meanwhile, or a drain fenced it) go
+    /// back to the per-CPU list.
+    #[cold]
+    fn fill_cache(&self, z: usize, mut g: PcpGuard<'_>, mt: usize) {
+        let Some(c) = &self.caches else { return };
+        let mut buf = [0u32; PCP_CACHE_BATCH];
+        let mut n = 0;
+        while n < PCP_CACHE_BATCH {
+            match g.lists[0][mt].pop() {
+                Some(idx) => buf[n] = idx,
+                None => break,
+            }
+            n += 1;
+        }
+        g.count -= n as u32;
+        drop(g);
+        // Hottest last, so it ends on top of the cache.
+        let mut pushed = 0;
+        while pushed < n && c.push::<P>(z, mt, buf[n - 1 - pushed]) {
+            pushed += 1;
+        }
+        self.events[self.cpu()].add(VmEvent::PcpCacheFill, pushed as u64);
+        if pushed < n {
+            self.return_to_pcp(z, mt, &buf[..n - pushed]);
+        }
+    }
+
+    /// Puts free order-0 pages (hottest first) back on a per-CPU list, or on the
+    /// buddy lists when no per-CPU list can be had.
+    #[cold]
+    fn return_to_pcp(&self, z: usize, mt: usize, pages: &[u32]) {
+        if let Some(mut g) = self.pcp_trylock(z) {
+            for &idx in pages.iter().rev() {
+                self.free_unref_page_commit(z, &mut g, idx, 0, mt);
+            }
+            return;
+        }
+        let zone = &self.zones[z];
+        let mut zg = zone.lock();
+        for &idx in pages {
+            zg.free_one(&self.mem, zone.span, idx, 0, !self.cfg.merge.skips_merge());
+        }
+    }
+
+    /// A free found the current CPU's cache full: frees the page to the per-CPU
+    /// list and moves the whole cache with it, so that the list (whose drains free
+    /// sorted clusters) sees runs of neighbouring pages whole.
+    #[cold]
+    fn spill_cache(&self, z: usize, g: &mut PcpGuard<'_>, mt: usize) {
+        let Some(c) = &self.caches else { return };
+        let mut n = 0;
+        while n < PCP_CACHE_SLOTS {
+            let Some(idx) = c.pop::<P>(z, mt) else { break };
+            self.free_unref_page_commit(z, g, idx, 0, mt);
+            n += 1;
+        }
+        g.events[VmEvent::PcpCacheSpill as usize] += n as u64;
+    }
+
+    /// Empties every CPU's cache onto that CPU's per-CPU lists (the first step of
+    /// `drain_all_pages`, whose list drain then frees them in sorted clusters).
+    fn drain_caches(&self) {
+        let Some(c) = &self.caches else { return };
+        let mut taken: Vec<(usize, usize, usize, u32)> = Vec::new();
+        let mut pages = Vec::new();
+        c.with_fenced::<P, _>(|f| {
+            for z in 0..self.zones.len() {
+                for mt in 0..MIGRATE_PCPTYPES {
+                    for cpu in 0..self.ncpu {
+                        pages.clear();
+                        f.take_all(z, mt, cpu, &mut pages);
+                        taken.extend(pages.iter().map(|&p| (z, cpu, mt, p)));
+                    }
+                }
+            }
+        });
+        if taken.is_empty() {
+            return;
+        }
+        self.events[self.cpu()].add(VmEvent::PcpCacheDrain, taken.len() as u64);
+        taken.sort_by_key(|t| (t.0, t.1));
+        for group in taken.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
+            let (z, cpu) = (group[0].0, group[0].1);
+            let mut g = self.pcp_of(z, cpu).lock(P::relax);
+            for &(_, _, mt, idx) in group {
+                self.free_unref_page_commit(z, &mut g, idx, 0, mt);
+            }
+        }
     }
 
     /// Takes the current CPU's list set. The kernel takes it with preemption
@@ -744,6 +882,7 @@ impl<P: Platform> PageAlloc<P> {
                 }
                 if let Some((_, g)) = pcp.as_mut() {
                     self.free_unref_page_commit(z, g, idx, order, mt);
+                    g.events[VmEvent::PgFree as usize] += 1;
                     continue;
                 }
             }
@@ -756,8 +895,18 @@ impl<P: Platform> PageAlloc<P> {
     fn free_claimed(&self, idx: u32, order: u32, mt: usize) {
         let z = self.zone_of(idx);
         if !self.pcp.is_empty() && order <= PCP_MAX_ORDER && mt < MIGRATE_PCPTYPES {
+            let cached = order == 0 && self.caches.is_some();
+            if let Some(c) = self.caches.as_ref().filter(|_| cached) {
+                if c.push::<P>(z, mt, idx) {
+                    return;
+                }
+            }
             if let Some(mut g) = self.pcp_trylock(z) {
                 self.free_unref_page_commit(z, &mut g, idx, order, mt);
+                g.events[VmEvent::PgFree as usize] += 1;
+                if cached {
+                    self.spill_cache(z, &mut g, mt);
+                }
                 return;
             }
         }
@@ -784,7 +933,6 @@ impl<P: Platform> PageAlloc<P> {
         }
         g.lists[o][mt].push(idx);
         g.count += 1 << order;
-        g.events[VmEvent::PgFree as usize] += 1;
         g.free_count = g.free_count.saturating_add(1 << order);
         g.alloc_factor >>= 1;
         if g.count >= g.high {
@@ -900,6 +1048,7 @@ impl<P: Platform> PageAlloc<P> {
             return;
         }
         self.events[self.cpu()].inc(VmEvent::DrainAll);
+        self.drain_caches();
         for z in 0..self.zones.len() {
             for cpu in 0..self.ncpu {
                 let mut g = self.pcp_of(z, cpu).lock(P::relax);
@@ -923,6 +1072,9 @@ impl<P: Platform> PageAlloc<P> {
     /// `decay_pcp_high` from the vmstat worker): lowers `high` by 1/8 towards
     /// `high_min` and frees what is above it.
     pub fn decay_pcp_high(&self) {
+        if let Some(c) = &self.caches {
+            c.fold::<P>();
+        }
         if self.cfg.pcp_high != PcpHighPolicy::Auto {
             return;
         }
@@ -963,7 +1115,11 @@ impl<P: Platform> PageAlloc<P> {
             .iter()
             .map(|p| p.count_mirror.load(Ordering::Relaxed) as u64)
             .sum();
-        buddy + pcp
+        let cached: u64 = self
+            .caches
+            .as_ref()
+            .map_or(0, |c| (0..c.nr_zones()).map(|z| c.nr_pages(z)).sum());
+        buddy + pcp + cached
     }
 
     /// Adds `n` to an event counter (for the layers above: compaction, migration).
@@ -983,6 +1139,21 @@ impl<P: Platform> PageAlloc<P> {
         }
         for p in self.pcp.iter() {
             ev.add(&p.lock(P::relax).events);
+        }
+        if let Some(c) = &self.caches {
+            // The caches count raw pops and pushes; those that moved pages between
+            // layers (fills, spills, drains, counted above) are not allocations or frees.
+            // Folded after reading those counts, so a move in flight is never subtracted
+            // before its pops are seen.
+            c.fold::<P>();
+            let pops = c.total_pops.load(Ordering::Relaxed);
+            let pushes = c.total_pushes.load(Ordering::Relaxed);
+            let allocs = pops
+                .saturating_sub(ev.get(VmEvent::PcpCacheSpill) + ev.get(VmEvent::PcpCacheDrain));
+            let frees = pushes.saturating_sub(ev.get(VmEvent::PcpCacheFill));
+            ev.0[VmEvent::PgAlloc as usize] += allocs;
+            ev.0[VmEvent::PcpAllocHit as usize] += allocs;
+            ev.0[VmEvent::PgFree as usize] += frees;
         }
         ev
     }
@@ -1011,6 +1182,9 @@ impl<P: Platform> PageAlloc<P> {
         for p in self.pcp.iter() {
             p.lock(P::relax).events = [0; crate::stat::NR_VM_EVENTS];
         }
+        if let Some(c) = &self.caches {
+            c.reset_totals::<P>();
+        }
     }
 
     /// A snapshot of every zone.
@@ -1024,6 +1198,7 @@ impl<P: Platform> PageAlloc<P> {
                 pcp_high.push((g.high, g.count));
                 nr_pcp += g.count as u64;
             }
+            nr_pcp += self.caches.as_ref().map_or(0, |c| c.nr_pages(zi));
             let g = z.lock();
             let mut free_blocks = [[0u64; MIGRATE_TYPES]; NR_ORDERS];
             for (o, row) in free_blocks.iter_mut().enumerate() {
@@ -1057,6 +1232,13 @@ impl<P: Platform> PageAlloc<P> {
 
     /// Walks every list and descriptor and verifies the invariants (see `zone`).
     pub fn check(&self) -> Result<(), String> {
+        match &self.caches {
+            Some(c) => c.with_fenced::<P, _>(|f| self.check_fenced(Some(f))),
+            None => self.check_fenced(None),
+        }
+    }
+
+    fn check_fenced(&self, caches: Option<&FencedCaches<'_>>) -> Result<(), String> {
         let mut cover = vec![0u8; self.nr_pages as usize];
         let mem = &self.mem;
         for (zi, z) in self.zones.iter().enumerate() {
@@ -1166,6 +1348,22 @@ impl<P: Platform> PageAlloc<P> {
                         "cpu {cpu}: lists hold {count} pages, count says {}",
                         pg.count
                     ));
+                }
+                if let Some(f) = caches {
+                    for mt in 0..MIGRATE_PCPTYPES {
+                        for i in f.entries(zi, mt, cpu) {
+                            if i < z.span.start || i >= z.span.end {
+                                return Err(format!("cpu {cpu} cache type {mt}: bad entry {i}"));
+                            }
+                            if mem.page(i).raw_flags() != 0 {
+                                return Err(format!(
+                                    "cpu {cpu} cache type {mt}: pfn {i} has flags {:#x}",
+                                    mem.page(i).raw_flags()
+                                ));
+                            }
+                            cover_block(&mut cover, mem, i, 0, "per-CPU cache entry")?;
+                        }
+                    }
                 }
                 if pg.high < pg.high_min || pg.high > pg.high_max {
                     return Err(format!(
@@ -1298,8 +1496,132 @@ mod tests {
             pcp_high: PcpHighPolicy::Fixed,
             nr_cpus: 2,
             pcp_batch: None,
+            pcp_cache: false,
         };
         PageAlloc::new(cfg, pages).unwrap()
+    }
+
+    std::thread_local! {
+        static EMU_CPU: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+    }
+    /// Serialises the emulated restartable operations (one at a time, as if no
+    /// thread were ever preempted inside one).
+    static EMU_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// A platform whose restartable per-CPU cache operations are emulated in Rust
+    /// with the layout's semantics, and whose CPU id the test sets, so the core's
+    /// cache accounting is tested without the std runtime's assembly.
+    struct EmuPlatform;
+    impl Platform for EmuPlatform {
+        type ZoneLock = Spin;
+        fn cpu_id() -> usize {
+            EMU_CPU.with(|c| c.get())
+        }
+        fn now_ns() -> u64 {
+            0
+        }
+        fn cache_ops_available() -> bool {
+            true
+        }
+        unsafe fn cache_pop(row: *const crate::pcp_cache::PcpCacheList, nr: usize) -> Option<u32> {
+            let _g = EMU_LOCK.lock().unwrap();
+            let cpu = Self::cpu_id();
+            if cpu >= nr {
+                return None;
+            }
+            // SAFETY: the caller passes `nr` lists.
+            let l = unsafe { &*row.add(cpu) };
+            let len = l.len();
+            if l.fenced.load(Ordering::Relaxed) != 0 || len == 0 {
+                return None;
+            }
+            let v = l.slots[len as usize - 1].load(Ordering::Relaxed);
+            l.pops.fetch_add(1, Ordering::Relaxed);
+            Some(v)
+        }
+        unsafe fn cache_push(
+            row: *const crate::pcp_cache::PcpCacheList,
+            nr: usize,
+            idx: u32,
+        ) -> bool {
+            let _g = EMU_LOCK.lock().unwrap();
+            let cpu = Self::cpu_id();
+            if cpu >= nr {
+                return false;
+            }
+            // SAFETY: the caller passes `nr` lists.
+            let l = unsafe { &*row.add(cpu) };
+            let len = l.len() as usize;
+            if l.fenced.load(Ordering::Relaxed) != 0 || len == PCP_CACHE_SLOTS {
+                return false;
+            }
+            l.slots[len].store(idx, Ordering::Relaxed);
+            l.pushes.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+    }
+
+    #[test]
+    fn pcp_cache_accounting_drain_and_check() {
+        let cfg = Config {
+            nr_cpus: 2,
+            pcp_batch: Some(15),
+            ..Config::default()
+        };
+        let a = PageAlloc::<EmuPlatform>::new(cfg, 8192).unwrap();
+        assert!(a.has_pcp_caches());
+        let free0 = a.nr_free_pages();
+        let ev0 = a.vm_events();
+        let mut held = std::vec::Vec::new();
+        let (mut allocs, mut frees) = (0u64, 0u64);
+        // Allocate and free on alternating CPUs, in runs long enough to fill,
+        // spill and refill the caches.
+        for round in 0..20usize {
+            EMU_CPU.with(|c| c.set(round % 2));
+            for _ in 0..(37 * (round % 5) + 3) {
+                held.push(a.alloc_pages(Gfp::MOVABLE, 0, &NoHooks).unwrap());
+                allocs += 1;
+            }
+            a.check().unwrap();
+            EMU_CPU.with(|c| c.set((round + 1) % 2));
+            let keep = held.len() / 3;
+            for p in held.drain(keep..) {
+                a.free_pages(p, 0).unwrap();
+                frees += 1;
+            }
+            a.check().unwrap();
+            assert_eq!(a.nr_free_pages(), free0 - held.len() as u64);
+        }
+        // Refused frees go nowhere near the caches.
+        assert_eq!(
+            a.free_pages(held[0], 1),
+            Err(FreeError::WrongOrder { allocated: 0 })
+        );
+        for p in held.drain(..) {
+            a.free_pages(p, 0).unwrap();
+            frees += 1;
+        }
+        let ev = a.vm_events();
+        assert!(ev.get(VmEvent::PcpCacheFill) > 0 && ev.get(VmEvent::PcpCacheSpill) > 0);
+        assert_eq!(ev.get(VmEvent::PgAlloc) - ev0.get(VmEvent::PgAlloc), allocs);
+        assert_eq!(ev.get(VmEvent::PgFree) - ev0.get(VmEvent::PgFree), frees);
+        assert!(a.zone_info()[0].nr_pcp > 0);
+        assert_eq!(a.nr_free_pages(), free0);
+        a.drain_all_pages();
+        assert_eq!(a.zone_info()[0].nr_pcp, 0);
+        assert!(a.vm_events().get(VmEvent::PcpCacheDrain) > 0);
+        // Draining is not freeing: the counts stay exact.
+        assert_eq!(
+            a.vm_events().get(VmEvent::PgFree) - ev0.get(VmEvent::PgFree),
+            frees
+        );
+        a.check().unwrap();
+        assert_eq!(a.nr_free_pages(), free0);
+        // Everything merges back (lazy merging, merge on demand).
+        let big = a.alloc_pages(Gfp::MOVABLE, MAX_ORDER, &NoHooks).unwrap();
+        a.free_pages(big, MAX_ORDER).unwrap();
+        a.reset_stats();
+        assert_eq!(a.vm_events().get(VmEvent::PgAlloc), 0);
     }
 
     fn order10_blocks(a: &PageAlloc<TestPlatform>) -> u64 {

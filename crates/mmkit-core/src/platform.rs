@@ -30,6 +30,42 @@ pub trait Platform: 'static {
     fn relax() {
         core::hint::spin_loop()
     }
+    /// True when the restartable per-CPU operations below work here (asked once,
+    /// when an allocator is built). Without them the per-CPU caches are off and
+    /// every order-0 call takes its per-CPU list's lock.
+    fn cache_ops_available() -> bool {
+        false
+    }
+    /// Pops the top entry of the current CPU's cache list: `row[cpu]` where `cpu`
+    /// is the CPU the operation commits on, as one restartable sequence (see
+    /// [`crate::pcp_cache`] for the layout and the commit protocol). None when
+    /// the list is empty or fenced, or `cpu >= nr`.
+    ///
+    /// # Safety
+    /// `row` points to `nr` consecutive [`crate::pcp_cache::PcpCacheList`]s that
+    /// outlive the call, and [`Platform::cache_ops_available`] returned true.
+    #[inline]
+    unsafe fn cache_pop(_row: *const crate::pcp_cache::PcpCacheList, _nr: usize) -> Option<u32> {
+        None
+    }
+    /// Pushes `idx` onto the current CPU's cache list as one restartable
+    /// sequence; false when the list is full or fenced, or `cpu >= nr`.
+    ///
+    /// # Safety
+    /// As for [`Platform::cache_pop`].
+    #[inline]
+    unsafe fn cache_push(
+        _row: *const crate::pcp_cache::PcpCacheList,
+        _nr: usize,
+        _idx: u32,
+    ) -> bool {
+        false
+    }
+    /// Restarts every restartable sequence now running on any CPU and returns once
+    /// none that began before the call can still commit (Linux's
+    /// `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)`). Called after setting
+    /// `fenced` on cache lists, so that later sequences see it.
+    fn cache_fence() {}
 }
 
 /// Lock of one per-CPU page list set.

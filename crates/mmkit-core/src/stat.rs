@@ -42,6 +42,12 @@ vm_events! {
     PcpDrainPages = "pcp_drain_pages",
     /// Per-CPU lock found taken (thread preempted or remote drain): zone used directly.
     PcpTrylockFail = "pcp_trylock_fail",
+    /// Pages moved from per-CPU lists into the lock-free per-CPU caches after a miss.
+    PcpCacheFill = "pcp_cache_fill",
+    /// Pages moved from full per-CPU caches to the per-CPU lists.
+    PcpCacheSpill = "pcp_cache_spill",
+    /// Pages taken out of the per-CPU caches by remote drains.
+    PcpCacheDrain = "pcp_cache_drain",
     /// Buddy merges done on free.
     MergeDone = "merge_done",
     /// Order-0 frees that skipped the merge (lazy merging).

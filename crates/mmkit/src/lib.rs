@@ -39,7 +39,7 @@ pub use mmkit_core::{
     RefillPolicy, VmEvent, VmEvents, ZoneInfo, MAX_ORDER, PAGEBLOCK_ORDER, PAGE_SIZE,
 };
 pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
-pub use platform::StdPlatform;
+pub use platform::{rseq_aborts, StdPlatform};
 pub use space::{MapFlags, Space, SpaceStats, Translation, MMAP_BASE};
 
 use compaction::{AllocHooks, CompactConfig, Kcompactd};
@@ -210,6 +210,8 @@ impl Variant {
             ),
         };
         c.pcp = pcp;
+        // The lock-free per-CPU caches are mmkit's; the baselines are Linux's lists.
+        c.pcp_cache = matches!(self, Variant::Mmkit | Variant::MmkitNoMerge);
         c.merge = merge;
         c.refill = refill;
         c.pcp_high = high;
@@ -278,6 +280,13 @@ impl MmBuilder {
     /// Per-CPU `high` policy.
     pub fn pcp_high(mut self, h: PcpHighPolicy) -> Self {
         self.cfg.pcp_high = h;
+        self
+    }
+    /// Lock-free per-CPU order-0 caches driven by restartable sequences in front
+    /// of the per-CPU lists (default on for `mmkit`; used where the kernel and libc
+    /// provide rseq and membarrier, otherwise every call takes the lists' lock).
+    pub fn pcp_cache(mut self, on: bool) -> Self {
+        self.cfg.pcp_cache = on;
         self
     }
     /// Per-CPU batch (default derived from the zone size).
@@ -571,6 +580,12 @@ impl Mm {
     /// The policies in force.
     pub fn config(&self) -> &Config {
         self.inner.alloc.config()
+    }
+
+    /// Whether order-0 allocations and frees go through the lock-free per-CPU
+    /// caches (asked for, and rseq and membarrier available here).
+    pub fn has_pcp_caches(&self) -> bool {
+        self.inner.alloc.has_pcp_caches()
     }
 
     /// How the arena is backed, and why hugetlb was not used if it was asked for.

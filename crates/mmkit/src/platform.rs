@@ -1,9 +1,21 @@
 //! The std runtime's [`Platform`]: CPU id read from the thread's rseq area (one
 //! load; glibc 2.35+ registers rseq for every thread and the kernel keeps `cpu_id`
 //! current), falling back to `sched_getcpu` where rseq is not registered; a
-//! monotonic clock; yielding while spinning (threads may outnumber CPUs); and a
-//! spin-then-park mutex for zone locks.
+//! monotonic clock; yielding while spinning (threads may outnumber CPUs); a
+//! spin-then-park mutex for zone locks; and the restartable sequences behind the
+//! per-CPU page caches (`mmkit_core::pcp_cache`): x86-64 assembly that commits
+//! with one store, registered with the kernel through the thread's rseq area, and
+//! `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)` as the remote fence.
+//!
+//! Restartable sequences (Linux's rseq ABI): before entering, a thread stores the
+//! address of a `struct rseq_cs` descriptor (start, length, abort address) in
+//! its rseq area's `rseq_cs` field. If the kernel preempts, migrates or signals
+//! the thread while its instruction pointer is inside [start, start + length), it
+//! resumes it at the abort address instead, whose 4 preceding bytes must be the
+//! signature glibc registered (`RSEQ_SIG`, 0x53053053 on x86). Everything before the
+//! last instruction (the commit) is therefore done again or not at all.
 
+use mmkit_core::pcp_cache::PcpCacheList;
 use mmkit_core::Platform;
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -40,6 +52,32 @@ impl Platform for StdPlatform {
     fn relax() {
         std::thread::yield_now()
     }
+
+    fn cache_ops_available() -> bool {
+        rseq::available()
+    }
+
+    #[inline]
+    unsafe fn cache_pop(row: *const PcpCacheList, nr: usize) -> Option<u32> {
+        // SAFETY: forwarded from the caller.
+        unsafe { rseq::pop(row, nr) }
+    }
+
+    #[inline]
+    unsafe fn cache_push(row: *const PcpCacheList, nr: usize, idx: u32) -> bool {
+        // SAFETY: forwarded from the caller.
+        unsafe { rseq::push(row, nr, idx) }
+    }
+
+    fn cache_fence() {
+        rseq::fence()
+    }
+}
+
+/// Restartable sequences aborted (and retried) so far, in this process: the
+/// kernel preempted, migrated or signalled a thread inside one.
+pub fn rseq_aborts() -> u64 {
+    rseq::ABORTS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Number of CPUs the system may bring online (per-CPU slots to allocate).
@@ -87,6 +125,229 @@ fn rseq_cpu_id() -> Option<usize> {
 #[inline]
 fn rseq_cpu_id() -> Option<usize> {
     None
+}
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64", target_env = "gnu"))]
+mod rseq {
+    use super::{__rseq_offset, __rseq_size, PcpCacheList};
+    use mmkit_core::pcp_cache::{
+        PCP_CACHE_FENCED, PCP_CACHE_LIST_SHIFT, PCP_CACHE_POPS, PCP_CACHE_PUSHES, PCP_CACHE_SLOTS,
+        PCP_CACHE_SLOTS_OFF,
+    };
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+
+    pub(super) static ABORTS: AtomicU64 = AtomicU64::new(0);
+
+    const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: libc::c_long = 1 << 7;
+    const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_long = 1 << 8;
+    /// `struct rseq` up to and including `rseq_cs` (`cpu_id_start`, `cpu_id`, `rseq_cs`).
+    const RSEQ_MIN_SIZE: u32 = 16;
+    /// Offset of `cpu_id` and of `rseq_cs` in `struct rseq`.
+    const RSEQ_CPU_ID: usize = 4;
+    const RSEQ_CS: usize = 8;
+
+    /// rseq is registered for this process's threads and membarrier's rseq fence
+    /// could be registered: checked once.
+    pub(super) fn available() -> bool {
+        static OK: OnceLock<bool> = OnceLock::new();
+        *OK.get_or_init(|| {
+            // SAFETY: reading a constant glibc exports and initialises before main.
+            if unsafe { __rseq_size } < RSEQ_MIN_SIZE {
+                return false;
+            }
+            // SAFETY: membarrier with a register command and no flags has no
+            // memory arguments.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_membarrier,
+                    MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ,
+                    0,
+                    0,
+                )
+            };
+            r == 0
+        })
+    }
+
+    /// The calling thread's `struct rseq`.
+    #[inline(always)]
+    fn area() -> *mut u8 {
+        let tp: usize;
+        // SAFETY: on x86_64 Linux, %fs:0 holds the thread pointer.
+        unsafe {
+            std::arch::asm!("mov {}, fs:0", out(reg) tp, options(nostack, readonly, preserves_flags))
+        };
+        // SAFETY: a constant glibc initialises before main.
+        (tp as isize + unsafe { __rseq_offset }) as *mut u8
+    }
+
+    const HIT: u32 = 0;
+    const MISS: u32 = 1;
+    const ABORT: u32 = 2;
+
+    /// One restartable sequence on the current CPU's list of a row: `$body` runs
+    /// with `{c}` pointing at the list (CPU in range, list not fenced), jumps to
+    /// `24f` to miss, and ends with its commit store. Sets `{s}` to HIT, MISS or
+    /// ABORT. The descriptor (start 21, length to 22, abort 23) goes to `__rseq_cs`,
+    /// the signature right before the abort label.
+    macro_rules! rseq_sequence {
+        ($rs:expr, $row:expr, $nr:expr, $status:ident, $($body:literal),+ ; $($ops:tt)*) => {
+            std::arch::asm!(
+                "lea {t}, [rip + 20f]",
+                "mov qword ptr [{rs} + {cs}], {t}",
+                "21:",
+                "mov {c:e}, dword ptr [{rs} + {cpu}]",
+                "cmp {c}, {nr}",
+                "jae 24f",
+                "shl {c}, {shift}",
+                "add {c}, {row}",
+                "cmp dword ptr [{c} + {fenced}], 0",
+                "jne 24f",
+                $($body),+,
+                "22:",
+                "xor {s:e}, {s:e}",
+                "jmp 25f",
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long 0x53053053",
+                "23:",
+                "mov {s:e}, {abort}",
+                "jmp 25f",
+                "24:",
+                "mov {s:e}, {miss}",
+                "25:",
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "20:",
+                ".long 0, 0",
+                ".quad 21b, 22b - 21b, 23b",
+                ".popsection",
+                rs = in(reg) $rs,
+                row = in(reg) $row,
+                nr = in(reg) $nr,
+                t = out(reg) _,
+                c = out(reg) _,
+                s = out(reg) $status,
+                cs = const RSEQ_CS,
+                cpu = const RSEQ_CPU_ID,
+                shift = const PCP_CACHE_LIST_SHIFT,
+                fenced = const PCP_CACHE_FENCED,
+                pops = const PCP_CACHE_POPS,
+                pushes = const PCP_CACHE_PUSHES,
+                slots = const PCP_CACHE_SLOTS,
+                slot0 = const PCP_CACHE_SLOTS_OFF,
+                abort = const ABORT,
+                miss = const MISS,
+                $($ops)*
+                options(nostack),
+            )
+        };
+    }
+
+    /// See `Platform::cache_pop`.
+    #[inline]
+    pub(super) unsafe fn pop(row: *const PcpCacheList, nr: usize) -> Option<u32> {
+        let rs = area();
+        loop {
+            let status: u32;
+            let val: u32;
+            // SAFETY: `rs` is this thread's registered rseq area (`available()` was
+            // true before any cache existed); `row` holds `nr` lists (caller). The
+            // sequence only reads until its last instruction, the store of
+            // `pops + 1`, which commits it.
+            unsafe {
+                rseq_sequence!(rs, row, nr, status,
+                    "mov {p:e}, dword ptr [{c} + {pops}]",
+                    "mov {t:e}, dword ptr [{c} + {pushes}]",
+                    "sub {t:e}, {p:e}",
+                    "jz 24f",
+                    "cmp {t:e}, {slots}",
+                    "ja 24f",
+                    "mov {v:e}, dword ptr [{c} + {t} * 4 + {slot0} - 4]",
+                    "inc {p:e}",
+                    "mov dword ptr [{c} + {pops}], {p:e}";
+                    p = out(reg) _,
+                    v = out(reg) val,
+                );
+            }
+            match status {
+                HIT => return Some(val),
+                MISS => return None,
+                _ => {
+                    ABORTS.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// See `Platform::cache_push`.
+    #[inline]
+    pub(super) unsafe fn push(row: *const PcpCacheList, nr: usize, idx: u32) -> bool {
+        let rs = area();
+        loop {
+            let status: u32;
+            // SAFETY: as in `pop`. The slot store before the commit writes past the
+            // stack's top, which no one reads until the commit makes it part of it.
+            unsafe {
+                rseq_sequence!(rs, row, nr, status,
+                    "mov {q:e}, dword ptr [{c} + {pushes}]",
+                    "mov {t:e}, {q:e}",
+                    "sub {t:e}, dword ptr [{c} + {pops}]",
+                    "cmp {t:e}, {slots}",
+                    "jae 24f",
+                    "mov dword ptr [{c} + {t} * 4 + {slot0}], {v:e}",
+                    "inc {q:e}",
+                    "mov dword ptr [{c} + {pushes}], {q:e}";
+                    q = out(reg) _,
+                    v = in(reg) idx,
+                );
+            }
+            match status {
+                HIT => return true,
+                MISS => return false,
+                _ => {
+                    ABORTS.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Restarts every sequence in flight in this process (see `Platform::cache_fence`).
+    pub(super) fn fence() {
+        loop {
+            // SAFETY: membarrier with no flags has no memory arguments.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_membarrier,
+                    MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ,
+                    0,
+                    0,
+                )
+            };
+            if r == 0 {
+                return;
+            }
+            // Registered at start, so only a transient failure (ENOMEM for the
+            // CPU mask) is possible: the fence is what makes the drain safe, so retry.
+            std::thread::yield_now();
+        }
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64", target_env = "gnu")))]
+mod rseq {
+    use super::PcpCacheList;
+    pub(super) static ABORTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    pub(super) fn available() -> bool {
+        false
+    }
+    pub(super) unsafe fn pop(_: *const PcpCacheList, _: usize) -> Option<u32> {
+        None
+    }
+    pub(super) unsafe fn push(_: *const PcpCacheList, _: usize, _: u32) -> bool {
+        false
+    }
+    pub(super) fn fence() {}
 }
 
 #[cfg(test)]
