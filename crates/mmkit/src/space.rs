@@ -231,7 +231,8 @@ thread_local! {
             vma_gen: 0,
             vma: Vma { start: 0, end: 0, flags: MapFlags::empty() },
             pt_gen: 0,
-            pt_base: 0,
+            // Not 2 MiB aligned: never matches.
+            pt_base: u64::MAX,
             pt: Pfn::new(0),
         })
     };
@@ -1469,9 +1470,9 @@ impl SpaceInner {
         tlb: &mut MmuGather<'_>,
     ) {
         let mm = &self.mm;
+        debug_assert!(start < end && (end - 1) / PMD_SIZE == start / PMD_SIZE);
         let first = pt_index(start, 0);
-        let last = first + ((end - start).div_ceil(PAGE) as usize);
-        debug_assert!(last <= PTRS_PER_TABLE);
+        let last = pt_index(end - 1, 0) + 1;
         let (mut cleared, mut rss) = (0u64, 0i64);
         for slot in &t[first..last] {
             let e = Pte::from_raw(slot.load(Ordering::Relaxed));
