@@ -44,8 +44,9 @@
 //!
 //! # Invariants
 //! - An entry changes from none to something only by `compare_exchange` from 0
-//!   (the loser of a race frees what it allocated), and back to none only by `swap`
-//!   under the address space's exclusive VMA lock (see `space.rs`).
+//!   (the loser of a race frees what it allocated), and back to none only under
+//!   the address space's exclusive VMA lock (see `space.rs`), where nothing else
+//!   writes it.
 //! - A present leaf becomes a migration entry only by `compare_exchange`, under the
 //!   shared VMA lock and the page lock of its frame, and only the migrator that
 //!   installed it replaces it (by a present entry to the old or the new frame)

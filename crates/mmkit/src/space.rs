@@ -48,7 +48,9 @@
 //!    shared lock (by CAS), and back to 0, and table pages are freed, only under the
 //!    exclusive lock; a reference to a table page is never used after the guard
 //!    that protected the walk is dropped (the walkers take the guard's `&VmaTree`
-//!    as a witness, and the returned references borrow from it).
+//!    as a witness, and the returned references borrow from it). Each exclusive
+//!    hold starts a new epoch of the tree, which voids the per-thread caches of
+//!    the last VMA and PTE table found under the shared lock (`WalkCache`).
 //! 2. Page locks: a striped mutex per 4 KiB frame, held while bytes of the frame are
 //!    copied by `read`/`write` or lent out by `with_page`, so a `&mut [u8]` to a
 //!    page is never aliased. `with_page` holds it *without* the VMA lock (the page
@@ -189,6 +191,51 @@ impl Vma {
 pub(crate) struct VmaTree {
     map: BTreeMap<u64, Vma>,
     hint: u64,
+    /// The epoch of the tree and of the table pages above the leaves: a value
+    /// from [`next_gen`], unique among all spaces, replaced each time the VMA
+    /// lock is taken exclusively (see [`WalkCache`]).
+    gen: u64,
+}
+
+/// A new, never used walk-cache epoch (0 is never handed out).
+fn next_gen() -> u64 {
+    static NEXT_GEN: AtomicU64 = AtomicU64::new(1);
+    NEXT_GEN.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The last VMA and the last PTE table this thread found under a shared VMA lock
+/// (a software TLB of one entry each, like Linux's old per-thread `vmacache`), so
+/// that the accesses of a hot loop skip the VMA tree and the three upper levels
+/// of the walk.
+///
+/// An entry is valid while the tree's epoch (`VmaTree::gen`) is the one it was
+/// filled in: VMAs change, and table pages are freed or replaced, only under the
+/// exclusive VMA lock, which takes a fresh epoch. So under a shared lock whose
+/// epoch matches, no exclusive section ran since the fill: the VMA is still in
+/// the tree unchanged and the PMD entry still points to the cached PTE table,
+/// which is live. Epochs are unique across spaces, so an entry of another (or a
+/// dropped) space never matches. Filled and used only under the shared lock.
+#[derive(Copy, Clone)]
+struct WalkCache {
+    vma_gen: u64,
+    vma: Vma,
+    pt_gen: u64,
+    /// The 2 MiB-aligned range `[pt_base, pt_base + PMD_SIZE)` mapped by `pt`.
+    pt_base: u64,
+    pt: Pfn,
+}
+
+thread_local! {
+    static WALK_CACHE: Cell<WalkCache> = const {
+        Cell::new(WalkCache {
+            vma_gen: 0,
+            vma: Vma { start: 0, end: 0, flags: MapFlags::empty() },
+            pt_gen: 0,
+            // Not 2 MiB aligned: never matches.
+            pt_base: u64::MAX,
+            pt: Pfn::new(0),
+        })
+    };
 }
 
 impl VmaTree {
@@ -199,6 +246,25 @@ impl VmaTree {
             .next_back()
             .map(|(_, v)| v)
             .filter(|v| addr < v.end)
+    }
+
+    /// The VMA containing `addr`, through this thread's [`WalkCache`]. Only under
+    /// the shared VMA lock.
+    #[inline]
+    fn find_cached(&self, addr: u64) -> Option<Vma> {
+        let c = WALK_CACHE.with(Cell::get);
+        if c.vma_gen == self.gen && c.vma.start <= addr && addr < c.vma.end {
+            return Some(c.vma);
+        }
+        let vma = *self.find(addr)?;
+        WALK_CACHE.with(|cell| {
+            cell.set(WalkCache {
+                vma_gen: self.gen,
+                vma,
+                ..cell.get()
+            })
+        });
+        Some(vma)
     }
 
     /// Is every byte of `[start, end)` inside some VMA?
@@ -489,6 +555,7 @@ impl Mm {
             vmas: ShardedLock::new(VmaTree {
                 map: BTreeMap::new(),
                 hint: MMAP_BASE,
+                gen: next_gen(),
             }),
             page_locks: (0..PAGE_LOCK_STRIPES)
                 .map(|_| CachePadded::new(parking_lot::Mutex::new(())))
@@ -634,8 +701,8 @@ impl Space {
         not_in_page(addr)?;
         check_range(addr, 1)?;
         let g = self.inner.read_lock();
-        let vma = *g
-            .find(addr)
+        let vma = g
+            .find_cached(addr)
             .ok_or_else(|| bad(addr, 1, "address is not mapped"))?;
         self.inner.access(&g, &vma, addr, write).map(|_| ())
     }
@@ -684,8 +751,8 @@ impl Space {
         let mm = &self.inner.mm;
         let (t, _lock) = loop {
             let g = self.inner.read_lock();
-            let vma = *g
-                .find(addr)
+            let vma = g
+                .find_cached(addr)
                 .ok_or_else(|| bad(addr, 1, "address is not mapped"))?;
             let t = self.inner.access(&g, &vma, addr, write)?;
             let lock = self.inner.page_lock(t.pfn);
@@ -792,8 +859,12 @@ impl SpaceInner {
         }
     }
 
+    /// The exclusive VMA lock, in a new walk-cache epoch: every [`WalkCache`]
+    /// entry filled before is void from now on.
     fn write_lock(&self) -> ShardedLockWriteGuard<'_, VmaTree> {
-        self.vmas.write().unwrap_or_else(|e| e.into_inner())
+        let mut g = self.vmas.write().unwrap_or_else(|e| e.into_inner());
+        g.gen = next_gen();
+        g
     }
 
     fn page_lock(&self, frame: Pfn) -> parking_lot::MutexGuard<'_, ()> {
@@ -834,6 +905,54 @@ impl SpaceInner {
         Some((slot, Pte::from_raw(slot.load(Ordering::Acquire)), 0))
     }
 
+    /// `follow_pte` through this thread's [`WalkCache`], which it fills when the
+    /// walk reaches a PTE table. Only under the shared VMA lock.
+    #[inline]
+    fn follow_pte_cached<'a>(
+        &'a self,
+        held: &'a VmaTree,
+        addr: u64,
+    ) -> Option<(&'a AtomicU64, Pte, u32)> {
+        let c = WALK_CACHE.with(Cell::get);
+        let base = addr & !(PMD_SIZE - 1);
+        let pt = if c.pt_gen == held.gen && c.pt_base == base {
+            c.pt
+        } else {
+            let mut t = self.tbl(held, self.pgd);
+            let mut pfn = self.pgd;
+            for level in [3, 2, 1] {
+                let slot = &t[pt_index(addr, level)];
+                let e = Pte::from_raw(slot.load(Ordering::Acquire));
+                if level == 1 && e.is_huge() {
+                    return Some((slot, e, 1));
+                }
+                if !e.is_present() {
+                    return None;
+                }
+                pfn = e.pfn();
+                t = self.tbl(held, pfn);
+            }
+            self.cache_pte_table(held, base, pfn);
+            pfn
+        };
+        let slot = &self.tbl(held, pt)[pt_index(addr, 0)];
+        Some((slot, Pte::from_raw(slot.load(Ordering::Acquire)), 0))
+    }
+
+    /// Remembers that the PMD entry for `base` points to the PTE table `pt` (read
+    /// under the shared VMA lock `held`).
+    #[inline]
+    fn cache_pte_table(&self, held: &VmaTree, base: u64, pt: Pfn) {
+        WALK_CACHE.with(|cell| {
+            cell.set(WalkCache {
+                pt_gen: held.gen,
+                pt_base: base,
+                pt,
+                ..cell.get()
+            })
+        });
+    }
+
     fn translation(e: Pte, level: u32, addr: u64) -> Translation {
         let sub = (addr >> 12) & (HPAGE_PMD_NR - 1);
         let (pfn, head, order) = if level == 1 {
@@ -872,7 +991,7 @@ impl SpaceInner {
     ) -> Result<Translation, Error> {
         let want = PTE_ACCESSED | if write { PTE_DIRTY } else { 0 };
         loop {
-            if let Some((slot, e, level)) = self.follow_pte(held, addr) {
+            if let Some((slot, e, level)) = self.follow_pte_cached(held, addr) {
                 if e.is_present() {
                     let e2 = e.with(want);
                     if e2 == e
@@ -936,7 +1055,9 @@ impl SpaceInner {
 
     /// Linux's `handle_mm_fault` for an anonymous VMA: installs what `addr` needs
     /// (tables, then a huge page or a page), or restores a NUMA-hinting entry.
-    /// Returns once the caller can retry the access.
+    /// Returns once the caller can retry the access. Kept out of line so that the
+    /// access path that finds its entry present stays small.
+    #[inline(never)]
     fn handle_mm_fault(
         &self,
         held: &VmaTree,
@@ -979,6 +1100,7 @@ impl SpaceInner {
                 break p;
             }
         };
+        self.cache_pte_table(held, addr & !(PMD_SIZE - 1), pte_pfn);
         let pt = self.tbl(held, pte_pfn);
         let slot = &pt[pt_index(addr, 0)];
         let e = Pte::from_raw(slot.load(Ordering::Acquire));
@@ -1039,11 +1161,17 @@ impl SpaceInner {
             }
         }
         let mut pfns = [Pfn::new(0); MAX_AROUND];
-        pfns[0] = mm.alloc_pages(Gfp::MOVABLE, 0)?;
-        let n = 1 + mm
+        let mut n = mm
             .page_alloc()
-            .alloc_pages_bulk(Gfp::MOVABLE, &mut pfns[1..want]);
-        let strategy = mm.clear_strategy();
+            .alloc_pages_bulk(Gfp::MOVABLE, &mut pfns[..want]);
+        if n == 0 {
+            // The lists and the zone's fast path are empty: the faulting page
+            // through the slow path (reclaim, compaction, the error).
+            pfns[0] = mm.alloc_pages(Gfp::MOVABLE, 0)?;
+            n = 1;
+        }
+        // Resolved once for the batch: every clear is one 4 KiB page.
+        let strategy = mm.clear_strategy().resolve(PAGE_SIZE);
         for pfn in &pfns[..n] {
             // SAFETY: each page is ours (just allocated, not yet mapped): 4096
             // writable bytes inside the arena that nothing else references.
@@ -1292,6 +1420,10 @@ impl SpaceInner {
         tlb: &mut MmuGather<'_>,
     ) {
         let t = self.tbl(held, table_pfn);
+        if level == 0 {
+            self.zap_pte_range(t, table_pfn, start, end, tlb);
+            return;
+        }
         let shift = level_shift(level);
         let mut addr = start;
         while addr < end {
@@ -1302,9 +1434,7 @@ impl SpaceInner {
                 addr = next;
                 continue;
             }
-            if level == 0 {
-                self.zap_pte(slot, table_pfn, tlb);
-            } else if level == 1 && e.is_huge() {
+            if level == 1 && e.is_huge() {
                 if addr & (PMD_SIZE - 1) == 0 && next - addr == PMD_SIZE {
                     self.zap_huge_pmd(slot, table_pfn, tlb);
                 } else {
@@ -1324,30 +1454,55 @@ impl SpaceInner {
         }
     }
 
-    /// One entry of Linux's `zap_pte_range`: clear it, drop the reverse map and
-    /// gather the page (a split huge page with its last mapped sub-page).
-    fn zap_pte(&self, slot: &AtomicU64, table_pfn: Pfn, tlb: &mut MmuGather<'_>) {
+    /// Linux's `zap_pte_range`: clears the entries of the PTE table `t` (at
+    /// `table_pfn`) that cover `[start, end)`, drops their reverse maps and gathers
+    /// their pages (a split huge page with its last mapped sub-page). The table's
+    /// used count and the RSS counter are updated once for the whole range. Under
+    /// the exclusive VMA lock nothing else writes these entries (the parallel
+    /// zap's threads own disjoint tables), so each is read and then cleared by a
+    /// plain atomic store, without a locked read-modify-write.
+    fn zap_pte_range(
+        &self,
+        t: &Table,
+        table_pfn: Pfn,
+        start: u64,
+        end: u64,
+        tlb: &mut MmuGather<'_>,
+    ) {
         let mm = &self.mm;
-        let e = Pte::from_raw(slot.swap(0, Ordering::AcqRel));
-        if e.is_none() {
-            return;
-        }
-        used(mm, table_pfn).fetch_sub(1, Ordering::Relaxed);
-        if !e.maps_page() {
-            // A swap entry: freeing the swap slot comes with swap.
-            return;
-        }
-        let pfn = e.pfn();
-        rmap::clear(mm, pfn);
-        self.stats.add(Stat::Rss, -1);
-        if e.is_compound() {
-            let head = Pfn::new(pfn.get() & !(HPAGE_PMD_NR - 1));
-            let mapcount = &desc(mm, Pfn::new(head.get() + 1)).private;
-            if mapcount.fetch_sub(1, Ordering::AcqRel) == 1 {
-                tlb.remove_page(head, HPAGE_PMD_ORDER);
+        debug_assert!(start < end && (end - 1) / PMD_SIZE == start / PMD_SIZE);
+        let first = pt_index(start, 0);
+        let last = pt_index(end - 1, 0) + 1;
+        let (mut cleared, mut rss) = (0u64, 0i64);
+        for slot in &t[first..last] {
+            let e = Pte::from_raw(slot.load(Ordering::Relaxed));
+            if e.is_none() {
+                continue;
             }
-        } else {
-            tlb.remove_page(pfn, 0);
+            slot.store(0, Ordering::Relaxed);
+            cleared += 1;
+            if !e.maps_page() {
+                // A swap entry: freeing the swap slot comes with swap.
+                continue;
+            }
+            let pfn = e.pfn();
+            rmap::clear(mm, pfn);
+            rss += 1;
+            if e.is_compound() {
+                let head = Pfn::new(pfn.get() & !(HPAGE_PMD_NR - 1));
+                let mapcount = &desc(mm, Pfn::new(head.get() + 1)).private;
+                if mapcount.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    tlb.remove_page(head, HPAGE_PMD_ORDER);
+                }
+            } else {
+                tlb.remove_page(pfn, 0);
+            }
+        }
+        if cleared > 0 {
+            used(mm, table_pfn).fetch_sub(cleared, Ordering::Relaxed);
+        }
+        if rss > 0 {
+            self.stats.add(Stat::Rss, -rss);
         }
     }
 
@@ -1449,6 +1604,55 @@ mod tests {
             .fault_around(1)
             .build()
             .unwrap()
+    }
+
+    /// The per-thread walk cache never outlives an unmap, and never serves one
+    /// space's tables to another (both spaces map the same addresses).
+    #[test]
+    fn walk_cache_follows_unmap_and_other_spaces() {
+        let mm = mm();
+        mm.drain_all_pages();
+        let before = mm.nr_free_pages();
+        {
+            let s1 = mm.new_space().unwrap();
+            let s2 = mm.new_space().unwrap();
+            let a = s1.mmap(4 << 20, MapFlags::empty()).unwrap();
+            s1.write(a + PAGE, &[1]).unwrap();
+            s1.touch(a + 2 * PAGE, true).unwrap();
+            s1.munmap(a, 4 << 20).unwrap();
+            assert_eq!(s1.stats().pgtable_pages, 1, "tables freed with the range");
+            let b = s1.mmap(4 << 20, MapFlags::empty()).unwrap();
+            assert_eq!(a, b, "the same range again, under new tables");
+            let mut byte = [9u8];
+            s1.read(b + PAGE, &mut byte).unwrap();
+            assert_eq!(byte, [0], "a new mapping reads zero");
+            s1.write(b + PAGE, &[2]).unwrap();
+            let c = s2.mmap(4 << 20, MapFlags::empty()).unwrap();
+            assert_eq!(c, a, "each space starts at MMAP_BASE");
+            s2.write(c + PAGE, &[3]).unwrap();
+            s1.read(b + PAGE, &mut byte).unwrap();
+            assert_eq!(byte, [2]);
+            s2.read(c + PAGE, &mut byte).unwrap();
+            assert_eq!(byte, [3]);
+            assert_ne!(
+                s1.translate(b + PAGE).unwrap().pfn,
+                s2.translate(c + PAGE).unwrap().pfn
+            );
+            assert_eq!(s1.stats().rss_pages, 1);
+            assert_eq!(s2.stats().rss_pages, 1);
+            // Another thread unmaps the range this thread has cached.
+            std::thread::scope(|sc| {
+                sc.spawn(|| s1.munmap(b, 4 << 20).unwrap());
+            });
+            assert!(s1.touch(b + PAGE, true).is_err());
+            drop(s2);
+            let d = s1.mmap(4 << 20, MapFlags::empty()).unwrap();
+            s1.touch(d + PAGE, false).unwrap();
+            assert_eq!(s1.stats().rss_pages, 1);
+        }
+        mm.drain_all_pages();
+        assert_eq!(mm.nr_free_pages(), before);
+        mm.check().unwrap();
     }
 
     #[test]
