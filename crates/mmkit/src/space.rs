@@ -1265,15 +1265,15 @@ impl SpaceInner {
         not_in_page(addr)?;
         let end = check_range(addr, len as u64)?;
         let g = self.read_lock();
-        if !g.covers(addr, end) {
-            return Err(bad(addr, len as u64, "range is not entirely mapped"));
-        }
-        let mut vma = *g.find(addr).expect("range is covered");
+        let mut vma = match g.find_cached(addr) {
+            Some(v) if end <= v.end || g.covers(v.end, end) => v,
+            _ => return Err(bad(addr, len as u64, "range is not entirely mapped")),
+        };
         let mut done = 0usize;
         while done < len {
             let a = addr + done as u64;
             if a >= vma.end {
-                vma = *g.find(a).expect("range is covered");
+                vma = g.find_cached(a).expect("range is covered");
             }
             let off = (a % PAGE) as usize;
             let n = (PAGE_SIZE - off).min(len - done);

@@ -21,8 +21,8 @@ pub const FILL_BYTE: u8 = 0xa5;
 /// What the loop does to each page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
-    /// Write one byte (mmkit: `touch(addr, true)`, a write fault and nothing
-    /// more; kernel: one volatile byte store).
+    /// Write one byte (mmkit: `write(addr, &[1])`, a write fault and the store
+    /// under the page lock; kernel: one volatile byte store).
     Touch,
     /// Write all 4096 bytes (mmkit: a memset inside `with_page(addr, true)`;
     /// kernel: a memset of the page).
@@ -71,7 +71,7 @@ impl Target for MmkitTarget<'_> {
     unsafe fn access(&mut self, addr: u64, how: Access) -> bool {
         let Some(s) = self.space() else { return false };
         match how {
-            Access::Touch => s.touch(addr, true).is_ok(),
+            Access::Touch => s.write(addr, &[1]).is_ok(),
             Access::Fill => s.with_page(addr, true, |p| p.fill(FILL_BYTE)).is_ok(),
         }
     }
