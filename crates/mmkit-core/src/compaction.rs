@@ -22,9 +22,19 @@
 //! stopped; they restart from the zone's ends once they met.
 //!
 //! Deferral (Linux's `defer_compaction`/`compaction_deferred`): after a run that
-//! went through the whole zone without success, compaction of that order and above
-//! is skipped for the next 2^shift requests (shift 1..=6, growing with each failure)
-//! and reset by a success.
+//! went through the whole zone without success ([`CompactResult::Complete`]),
+//! compaction of that order and above is skipped for the next 2^shift requests
+//! (shift 1..=6, growing with each failure) and reset by a success. A run whose
+//! scanners met after starting from cached positions did not look at the whole
+//! zone ([`CompactResult::PartialSkipped`]); it defers nothing, and the next run
+//! starts from the zone's ends.
+//!
+//! Priorities (Linux's `enum compact_priority`, reduced): the slow path compacts
+//! at [`CompactPriority::Async`] first and raises the priority while compaction
+//! failed or withdrew ([`should_compact_retry`]); only the highest,
+//! [`CompactPriority::SyncFull`], which requests above the costly order never
+//! reach, starts from the zone's ends and ignores deferral. Migration in mmkit
+//! never waits for a lock at any priority, so the priorities differ in that only.
 //!
 //! Invariants: a page isolated as a target is `Alloc` order 0 Movable, refcount 1,
 //! mapping 0, and on no list; it goes back with `release_freepages` (merged). A
@@ -58,12 +68,122 @@ pub const COMPACT_MAX_DEFER_SHIFT: u32 = 6;
 pub const EXTFRAG_THRESHOLD: i32 = 500;
 /// Linux's default `vm.compaction_proactiveness`.
 pub const DEFAULT_PROACTIVENESS: u32 = 20;
-/// Highest order with per-CPU lists (Linux's `PAGE_ALLOC_COSTLY_ORDER`); the
-/// fragmentation index is consulted only above it.
-const COSTLY_ORDER: u32 = 3;
+/// Highest order with per-CPU lists (Linux's `PAGE_ALLOC_COSTLY_ORDER`): above
+/// it the fragmentation index is consulted, and requests may fail rather than
+/// retry compaction at every priority.
+pub const PAGE_ALLOC_COSTLY_ORDER: u32 = 3;
 const PB: u32 = PAGEBLOCK_NR_PAGES as u32;
 /// Pages freed per zone-lock hold when giving pages back.
 const FREE_CHUNK: usize = 256;
+
+/// How a compaction run ended (Linux's `enum compact_result`, reduced), in
+/// Linux's order: of the results of several zones, the largest is the one reported.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CompactResult {
+    /// Not run: too little free memory, or the failure is not fragmentation
+    /// (compaction cannot help without reclaim).
+    Skipped,
+    /// Not run: compaction of the order is deferred after failures.
+    Deferred,
+    /// The scanners met without success in a run over the whole zone.
+    Complete,
+    /// The scanners met without success, but the run started from cached scanner
+    /// positions, so part of the zone was not looked at; the next run starts from
+    /// the zone's ends.
+    PartialSkipped,
+    /// A free block of the order is there (or, for a whole-zone run, the goal
+    /// was reached).
+    Success,
+}
+
+/// How hard a direct compaction tries (Linux's `enum compact_priority`); a lower
+/// value is a higher priority, as in Linux.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CompactPriority {
+    /// The last resort for orders up to [`PAGE_ALLOC_COSTLY_ORDER`]: from the
+    /// zone's ends, not skipped by deferral (Linux's `MIN_COMPACT_PRIORITY`).
+    SyncFull = 0,
+    /// From the cached scanner positions, skipped while deferred (Linux's
+    /// `DEF_COMPACT_PRIORITY`, and `MIN_COMPACT_COSTLY_PRIORITY` above the
+    /// costly order).
+    SyncLight = 1,
+    /// The first try of an allocation: from the cached scanner positions,
+    /// skipped while deferred (Linux's `INIT_COMPACT_PRIORITY`).
+    Async = 2,
+}
+
+impl CompactPriority {
+    /// The priority of the first direct compaction of a request.
+    pub const INIT: CompactPriority = CompactPriority::Async;
+    /// Linux's `DEF_COMPACT_PRIORITY`: a single direct run outside an allocation.
+    pub const DEF: CompactPriority = CompactPriority::SyncLight;
+
+    /// The highest priority a request of `order` may reach (Linux's
+    /// `MIN_COMPACT_PRIORITY` / `MIN_COMPACT_COSTLY_PRIORITY`): costly orders are
+    /// allowed to fail, so they never run a deferral-ignoring whole-zone pass.
+    pub const fn min_for(order: u32) -> CompactPriority {
+        if order > PAGE_ALLOC_COSTLY_ORDER {
+            CompactPriority::SyncLight
+        } else {
+            CompactPriority::SyncFull
+        }
+    }
+
+    /// The next higher priority, if any.
+    pub const fn raised(self) -> Option<CompactPriority> {
+        match self {
+            CompactPriority::Async => Some(CompactPriority::SyncLight),
+            CompactPriority::SyncLight => Some(CompactPriority::SyncFull),
+            CompactPriority::SyncFull => None,
+        }
+    }
+}
+
+/// Retries of a request after compaction succeeded but the block was taken by
+/// someone else (Linux's `MAX_COMPACT_RETRIES`; a quarter of it above the costly
+/// order).
+pub const MAX_COMPACT_RETRIES: u32 = 16;
+
+/// Linux's `should_compact_retry`: after direct compaction of `order` ended in
+/// `result` and the allocation still failed, should the slow path compact again?
+/// Raises `prio` (and resets `retries`) when compaction failed or withdrew
+/// (deferred, or its scanners met without seeing the whole zone); counts a
+/// success whose block went to someone else against [`MAX_COMPACT_RETRIES`]; gives
+/// up when compaction was skipped (only reclaim could help) or the highest
+/// priority allowed for the order already failed.
+pub fn should_compact_retry(
+    order: u32,
+    result: CompactResult,
+    prio: &mut CompactPriority,
+    retries: &mut u32,
+) -> bool {
+    if order == 0 {
+        return false;
+    }
+    match result {
+        CompactResult::Skipped => return false,
+        CompactResult::Success => {
+            let max = if order > PAGE_ALLOC_COSTLY_ORDER {
+                MAX_COMPACT_RETRIES / 4
+            } else {
+                MAX_COMPACT_RETRIES
+            };
+            *retries += 1;
+            if *retries <= max {
+                return true;
+            }
+        }
+        CompactResult::Deferred | CompactResult::PartialSkipped | CompactResult::Complete => {}
+    }
+    match prio.raised() {
+        Some(p) if p >= CompactPriority::min_for(order) => {
+            *prio = p;
+            *retries = 0;
+            true
+        }
+        _ => false,
+    }
+}
 
 /// Per-zone compaction state: deferral, cached scanner positions, counters.
 pub struct CompactState {
@@ -345,7 +465,7 @@ impl<P: Platform> PageAlloc<P> {
         if free < z.wmark[1] + (2u64 << order) {
             return false;
         }
-        if order > COSTLY_ORDER {
+        if order > PAGE_ALLOC_COSTLY_ORDER {
             let fi = self.fragmentation_index(zone, order);
             if (0..=EXTFRAG_THRESHOLD).contains(&fi) {
                 return false;
@@ -679,5 +799,69 @@ impl<P: Platform> PageAlloc<P> {
             }
         }
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ladder(order: u32, results: &[CompactResult]) -> Vec<Option<CompactPriority>> {
+        let (mut prio, mut retries) = (CompactPriority::INIT, 0);
+        results
+            .iter()
+            .map(|&r| should_compact_retry(order, r, &mut prio, &mut retries).then_some(prio))
+            .collect()
+    }
+
+    #[test]
+    fn costly_orders_stop_at_sync_light() {
+        use CompactPriority::*;
+        use CompactResult::*;
+        for r in [Complete, PartialSkipped, Deferred] {
+            assert_eq!(ladder(9, &[r, r]), [Some(SyncLight), None], "{r:?}");
+        }
+        assert_eq!(ladder(9, &[Skipped]), [None]);
+    }
+
+    #[test]
+    fn small_orders_go_on_to_sync_full() {
+        use CompactPriority::*;
+        use CompactResult::*;
+        assert_eq!(
+            ladder(3, &[PartialSkipped, Complete, Complete]),
+            [Some(SyncLight), Some(SyncFull), None]
+        );
+        assert_eq!(
+            ladder(1, &[Deferred, Deferred]),
+            [Some(SyncLight), Some(SyncFull)]
+        );
+        assert_eq!(ladder(2, &[Skipped]), [None]);
+    }
+
+    #[test]
+    fn successes_whose_block_was_taken_are_retried_boundedly() {
+        use CompactPriority::*;
+        use CompactResult::*;
+        // Above the costly order: 4 retries at a priority, then a higher one.
+        let mut v = ladder(9, &[Success; 6]);
+        assert_eq!(v.drain(..4).collect::<Vec<_>>(), [Some(Async); 4]);
+        assert_eq!(v, [Some(SyncLight), Some(SyncLight)]);
+        let v = ladder(3, &[Success; 17]);
+        assert!(v[..16].iter().all(|p| *p == Some(Async)), "{v:?}");
+        assert_eq!(v[16], Some(SyncLight));
+        // Order 0 never compacts.
+        assert_eq!(ladder(0, &[Success, Complete]), [None, None]);
+        // Every ladder ends.
+        for order in 1..=10 {
+            for r in [Success, Complete, PartialSkipped, Deferred, Skipped] {
+                let (mut prio, mut n) = (CompactPriority::INIT, 0);
+                let mut steps = 0;
+                while should_compact_retry(order, r, &mut prio, &mut n) {
+                    steps += 1;
+                    assert!(steps < 64, "order {order} {r:?} never ends");
+                }
+            }
+        }
     }
 }

@@ -25,7 +25,7 @@ pub mod stat;
 pub mod zone;
 
 pub use crate::page_alloc::{AllocError, FreeError, NoHooks, PageAlloc, SlowPathHooks, ZoneInfo};
-pub use compaction::{CompactControl, CompactMode, CompactStats};
+pub use compaction::{CompactControl, CompactMode, CompactPriority, CompactResult, CompactStats};
 pub use config::{Config, MergePolicy, PcpHighPolicy, PcpPolicy, RefillPolicy};
 pub use gfp::{AllocContext, Gfp, MigrateType, MIGRATE_PCPTYPES, MIGRATE_TYPES};
 pub use page::{

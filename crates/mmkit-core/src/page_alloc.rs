@@ -8,9 +8,12 @@
 //! watermark (atomic requests may go lower: half of min for `__GFP_HIGH`, a further
 //! quarter when they cannot sleep), drain every CPU's lists and merge what lazy
 //! merging skipped (merge on demand; not under `LazyNoMerge`), try compaction
-//! (hooks; a block the compaction captured is returned at once) and reclaim, give
-//! back high-atomic reserves, and only then report out of memory. Background
-//! threads are woken only for requests whose `Gfp` allows it.
+//! (hooks; a block the compaction captured is returned at once) and reclaim, and
+//! compact again at a higher priority while `should_compact_retry` says a retry
+//! can help (the first run only went on from where the last one stopped, or its
+//! block was taken meanwhile; bounded), give back high-atomic reserves, and only
+//! then report out of memory. Background threads are woken only for requests
+//! whose `Gfp` allows it.
 //!
 //! Free validation: `free_pages` claims the block by one compare-and-swap of its head
 //! descriptor from `Alloc` (with the caller's order) to `None`. Anything else — a
@@ -27,6 +30,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU8, Ordering};
 
+use crate::compaction::{should_compact_retry, CompactPriority, CompactResult};
 use crate::config::{Config, MergePolicy, PcpHighPolicy, PcpPolicy, RefillPolicy};
 use crate::gfp::{
     AllocContext, Gfp, MigrateType, ALLOC_HARDER, ALLOC_WMARK_LOW, MIGRATE_PCPTYPES, MIGRATE_TYPES,
@@ -43,6 +47,10 @@ use crate::zone::{MemMap, Span, Zone, ZoneGuard};
 
 /// Cluster refills of at least this many pages merge lazily freed pages first.
 const PCP_CLUSTER_MERGE_PAGES: u32 = 256;
+
+/// Extra slow-path rounds a request gets because direct reclaim made progress
+/// (bounded; reclaim is a hook of the layer above).
+const MAX_RECLAIM_RETRIES: u32 = 3;
 
 /// Why an allocation failed.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -75,9 +83,16 @@ pub enum FreeError {
 pub trait SlowPathHooks {
     /// Wake the background reclaimer.
     fn wake_kswapd(&self, _order: u32) {}
-    /// Try direct compaction for a block of `order`; true if it may have helped.
-    fn direct_compact(&self, _order: u32, _mt: MigrateType) -> bool {
-        false
+    /// Try direct compaction for a block of `order` at priority `prio` (Linux's
+    /// `__alloc_pages_direct_compact`); `Success` if a free block of the order
+    /// is there (possibly captured, see `take_captured`).
+    fn direct_compact(
+        &self,
+        _order: u32,
+        _mt: MigrateType,
+        _prio: CompactPriority,
+    ) -> CompactResult {
+        CompactResult::Skipped
     }
     /// A block of `order` that the last `direct_compact` captured for this request
     /// (Linux's `compaction_capture`): already allocated (state `Alloc`, refcount
@@ -743,20 +758,36 @@ impl<P: Platform> PageAlloc<P> {
             return Ok(self.prep_new_page(idx, order, ac.mt));
         }
         if ac.gfp.can_direct_reclaim() {
-            for _ in 0..4 {
-                let compacted =
-                    order > 0 && hooks.direct_compact(order, MigrateType::from_index(ac.mt));
-                if compacted {
+            // Linux's retry loop: compact at rising priority while compaction
+            // failed or withdrew without having seen the whole zone, or while it
+            // succeeded but another task took the block (`should_compact_retry`,
+            // bounded); reclaim progress also earns a bounded retry.
+            let mut prio = CompactPriority::INIT;
+            let mut compact_retries = 0;
+            let mut reclaim_retries = 0;
+            loop {
+                let result = if order > 0 {
+                    hooks.direct_compact(order, MigrateType::from_index(ac.mt), prio)
+                } else {
+                    CompactResult::Skipped
+                };
+                if result == CompactResult::Success {
                     if let Some(pfn) = hooks.take_captured(order) {
                         return Ok(self.prep_new_page(pfn.get() as u32, order, ac.mt));
                     }
                 }
                 let reclaimed = hooks.direct_reclaim(order) > 0;
-                if !compacted && !reclaimed {
-                    break;
+                if result == CompactResult::Success || reclaimed {
+                    if let Some(idx) = attempt(self) {
+                        return Ok(self.prep_new_page(idx, order, ac.mt));
+                    }
                 }
-                if let Some(idx) = attempt(self) {
-                    return Ok(self.prep_new_page(idx, order, ac.mt));
+                if reclaimed && reclaim_retries < MAX_RECLAIM_RETRIES {
+                    reclaim_retries += 1;
+                    continue;
+                }
+                if !should_compact_retry(order, result, &mut prio, &mut compact_retries) {
+                    break;
                 }
             }
         }

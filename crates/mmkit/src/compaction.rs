@@ -8,9 +8,11 @@
 //!   suitable (too little free memory, or a fragmentation index saying the
 //!   failure is lack of memory), it runs `compact_zone` for the order from the
 //!   cached scanner positions and captures the first block of the order it frees,
-//!   which the slow path returns without another search. A run that ends with
-//!   the scanners meeting and no success defers the next ones; a success resets
-//!   that.
+//!   which the slow path returns without another search. A run that went
+//!   through the whole zone without success defers the next ones; a success
+//!   resets that. A run whose scanners met after starting from cached positions
+//!   defers nothing: the slow path compacts again at a higher priority
+//!   (`should_compact_retry`), and that run starts from the zone's ends.
 //!   Each run is a compaction stall, counted with its outcome per order.
 //! - **kcompactd**: a thread per `Mm` (off with `MmBuilder::kcompactd(false)`),
 //!   woken by the slow path of a high-order request whose fragmentation index
@@ -48,7 +50,9 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 use mmkit_core::compaction::COMPACT_CLUSTER_MAX;
-use mmkit_core::{CompactControl, CompactMode, CompactStats, SlowPathHooks};
+use mmkit_core::{
+    CompactControl, CompactMode, CompactPriority, CompactResult, CompactStats, SlowPathHooks,
+};
 
 use crate::migrate::{migrate_page, MigrateError};
 use crate::pgtable::desc;
@@ -80,20 +84,6 @@ impl Default for CompactConfig {
             proactiveness: mmkit_core::compaction::DEFAULT_PROACTIVENESS,
         }
     }
-}
-
-/// How a compaction run ended (Linux's `enum compact_result`, reduced).
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum CompactResult {
-    /// Not run: compaction of the order is deferred after failures.
-    Deferred,
-    /// Not run: too little free memory, or the failure is not fragmentation.
-    Skipped,
-    /// A free block of the order is there (or, for a whole-zone run, the goal
-    /// was reached).
-    Success,
-    /// The scanners met: the whole zone was gone through.
-    Complete,
 }
 
 /// What one [`Mm::compact_memory`] call did.
@@ -180,6 +170,17 @@ impl Drop for Running<'_> {
     }
 }
 
+/// How a run whose scanners met without success ended (Linux's
+/// `__compact_finished`): `Complete` if it went through the whole zone,
+/// `PartialSkipped` if it started from cached positions.
+fn scanners_met_result(cc: &CompactControl) -> CompactResult {
+    if cc.whole_zone {
+        CompactResult::Complete
+    } else {
+        CompactResult::PartialSkipped
+    }
+}
+
 /// Linux's `compact_zone`. `proactive_low`: a whole-zone run that stops once the
 /// proactive score is at most this.
 fn compact_zone(
@@ -203,7 +204,7 @@ fn compact_zone(
     let mut result = 'run: loop {
         cands.clear();
         if !pa.isolate_migratepages(cc, &mut cands) {
-            break CompactResult::Complete;
+            break scanners_met_result(cc);
         }
         for batch in cands.chunks(COMPACT_CLUSTER_MAX) {
             if targets.len() < batch.len() {
@@ -238,7 +239,7 @@ fn compact_zone(
                 break 'run CompactResult::Success;
             }
             if targets.is_empty() && cc.scanners_met() {
-                break 'run CompactResult::Complete;
+                break 'run scanners_met_result(cc);
             }
         }
         if let Some(low) = proactive_low {
@@ -264,24 +265,38 @@ fn compact_zone(
 }
 
 /// Linux's `try_to_compact_pages` for the allocator's slow path: direct
-/// compaction of every zone for a block of `order`. Returns the result and the
-/// block captured for the caller, if any (already allocated to it).
+/// compaction of every zone for a block of `order` at priority `prio`. Returns
+/// the result and the block captured for the caller, if any (already allocated
+/// to it).
+///
+/// Deferral is consulted below the highest priority; `SyncFull` starts the
+/// scanners from the zone's ends. Only a run that went through the whole zone
+/// without success (`Complete`) defers the order, at any priority (Linux does
+/// not defer after its async first try, since async migration gives up on
+/// contended pages; mmkit's migration never waits at any priority, so a
+/// whole-zone failure is a verdict whatever the priority). A run whose scanners
+/// met after starting from cached positions (`PartialSkipped`: kcompactd or
+/// earlier requests had already scanned most of the zone) is no verdict on the
+/// zone: meeting reset the positions, so the retry the slow path makes at the
+/// next priority goes through the whole zone, and only its failure defers.
 pub(crate) fn try_to_compact_pages(
     mm: &Mm,
     order: u32,
     mt: MigrateType,
+    prio: CompactPriority,
 ) -> (CompactResult, Option<Pfn>) {
     let pa = mm.page_alloc();
     let mut res = CompactResult::Skipped;
     for z in 0..pa.nr_zones() {
-        if pa.compaction_deferred(z, order) {
-            res = CompactResult::Deferred;
+        if prio > CompactPriority::SyncFull && pa.compaction_deferred(z, order) {
+            res = res.max(CompactResult::Deferred);
             continue;
         }
         if !pa.compaction_suitable(z, order) {
             continue;
         }
-        let mut cc = pa.compact_control(z, Some(order), mt, CompactMode::Direct);
+        let whole_zone = prio == CompactPriority::SyncFull;
+        let mut cc = pa.compact_control_from(z, Some(order), mt, CompactMode::Direct, whole_zone);
         let r = compact_zone(mm, &mut cc, None, &mut CompactSummary::default());
         // compact_zone reports a run that captured a block as a success.
         debug_assert!(cc.captured.is_none() || r == CompactResult::Success);
@@ -294,7 +309,7 @@ pub(crate) fn try_to_compact_pages(
         if r == CompactResult::Complete {
             pa.defer_compaction(z, order);
         }
-        res = r;
+        res = res.max(r);
     }
     (res, None)
 }
@@ -324,17 +339,17 @@ impl SlowPathHooks for AllocHooks<'_> {
         }
     }
 
-    fn direct_compact(&self, order: u32, mt: MigrateType) -> bool {
+    fn direct_compact(&self, order: u32, mt: MigrateType, prio: CompactPriority) -> CompactResult {
         if !self.mm.inner.compact.direct {
-            return false;
+            return CompactResult::Skipped;
         }
-        let (r, captured) = try_to_compact_pages(self.mm, order, mt);
+        let (r, captured) = try_to_compact_pages(self.mm, order, mt, prio);
         if let Some(p) = captured {
             if let Some((old, o)) = self.captured.replace(Some((p, order))) {
                 let _ = self.mm.free_pages(old, o);
             }
         }
-        r == CompactResult::Success
+        r
     }
 
     fn take_captured(&self, order: u32) -> Option<Pfn> {
@@ -443,7 +458,8 @@ fn kcompactd_do_work(mm: &Mm, order: u32) {
             MigrateType::Movable,
             CompactMode::Background,
         );
-        match compact_zone(mm, &mut cc, None, &mut CompactSummary::default()) {
+        let r = compact_zone(mm, &mut cc, None, &mut CompactSummary::default());
+        match r {
             CompactResult::Success => pa.compaction_defer_reset(z, order, false),
             CompactResult::Complete => pa.defer_compaction(z, order),
             _ => {}
@@ -493,11 +509,17 @@ impl Mm {
         sum
     }
 
-    /// Direct compaction for a block of `order`, as the allocator's slow path runs
-    /// it (deferral, suitability, stall statistics). A captured block is given back.
+    /// One direct compaction for a block of `order`, as the allocator's slow path
+    /// runs it at its default priority (deferral, suitability, stall statistics;
+    /// from the cached scanner positions, and a failure defers). A captured block
+    /// is given back.
     pub fn compact(&self, order: u32) -> CompactResult {
-        let (r, captured) =
-            try_to_compact_pages(self, order.min(crate::MAX_ORDER), MigrateType::Movable);
+        let (r, captured) = try_to_compact_pages(
+            self,
+            order.min(crate::MAX_ORDER),
+            MigrateType::Movable,
+            CompactPriority::DEF,
+        );
         if let Some(p) = captured {
             let _ = self.free_pages(p, order);
         }

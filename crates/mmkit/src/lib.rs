@@ -31,12 +31,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 pub use arena::Backing;
-pub use compaction::{CompactResult, CompactSummary};
+pub use compaction::CompactSummary;
 pub use mmkit_core;
 pub use mmkit_core::clear::ClearStrategy;
 pub use mmkit_core::{
-    CompactStats, Config, Gfp, LockStats, MergePolicy, MigrateType, PcpHighPolicy, PcpPolicy, Pfn,
-    RefillPolicy, VmEvent, VmEvents, ZoneInfo, MAX_ORDER, PAGEBLOCK_ORDER, PAGE_SIZE,
+    CompactPriority, CompactResult, CompactStats, Config, Gfp, LockStats, MergePolicy, MigrateType,
+    PcpHighPolicy, PcpPolicy, Pfn, RefillPolicy, VmEvent, VmEvents, ZoneInfo, MAX_ORDER,
+    PAGEBLOCK_ORDER, PAGE_SIZE,
 };
 pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
 pub use platform::{rseq_aborts, StdPlatform};

@@ -9,8 +9,8 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use mmkit::{
-    CompactResult, Gfp, MapFlags, MergePolicy, Mm, PcpPolicy, Pfn, Space, Variant, VmEvent,
-    PAGE_SIZE,
+    CompactResult, Gfp, MapFlags, MergePolicy, MigrateType, Mm, PcpPolicy, Pfn, Space, Variant,
+    VmEvent, PAGE_SIZE,
 };
 
 const MIB: usize = 1 << 20;
@@ -506,6 +506,105 @@ fn failed_compaction_is_deferred() {
     }
     let p = mm.alloc_pages(Gfp::MOVABLE, 9).unwrap();
     mm.free_pages(p, 9).unwrap();
+    check(&mm);
+}
+
+/// Makes the next direct compaction go on from cached scanner positions where
+/// the two scanners meet at once without migrating anything: the free scanner at
+/// `held` (a pageblock that is one allocated order-9 block, so it has no free
+/// page to migrate to), the migrate scanner the pageblock below it.
+fn park_scanners_below(mm: &Mm, held: Pfn) {
+    use mmkit::mmkit_core::CompactMode;
+    let pa = mm.page_alloc();
+    let mut cc = pa.compact_control(0, Some(9), MigrateType::Movable, CompactMode::Direct);
+    cc.migrate_pfn = held.get() as u32 - 512;
+    cc.free_pfn = held.get() as u32;
+    pa.compact_finish(&cc);
+}
+
+/// A held order-9 block with a pageblock below it.
+fn parking_block(huge: &[Pfn]) -> Pfn {
+    *huge
+        .iter()
+        .find(|p| p.get() >= 512)
+        .expect("an order-9 block above the first pageblock")
+}
+
+#[test]
+fn partial_compaction_is_retried_from_the_zone_ends_and_not_deferred() {
+    for variant in [Variant::Mmkit, Variant::MmkitEager] {
+        let mm = build(variant, 32 * MIB);
+        let s = mm.new_space().unwrap();
+        let (a, pages) = fill_most(&mm, &s, 1200);
+        for i in (0..pages).step_by(2) {
+            s.munmap(a + i * PAGE, PAGE_SIZE).unwrap();
+        }
+        let huge = take_free_huge(&mm);
+        assert!(!huge.is_empty(), "{}", mm.buddyinfo());
+        let blocked = parking_block(&huge);
+        mm.reset_stats();
+
+        // One run from positions where the scanners meet at once: no verdict on
+        // the zone, so nothing is deferred, and the positions are reset.
+        park_scanners_below(&mm, blocked);
+        assert_eq!(mm.compact(9), CompactResult::PartialSkipped);
+        let cs = mm.compaction_stats();
+        assert_eq!(cs.defer_shift, 0, "{cs:?}");
+        assert_eq!(cs.fail[9], 1, "{cs:?}");
+        // The next run starts from the zone's ends and finds a block.
+        assert_eq!(mm.compact(9), CompactResult::Success, "{}", mm.vmstat());
+
+        // The slow path: its first (async) run is the partial one; it compacts
+        // again at the next priority, from the zone's ends, instead of failing.
+        let more = take_free_huge(&mm);
+        park_scanners_below(&mm, blocked);
+        mm.reset_stats();
+        let p = mm
+            .alloc_pages(Gfp::MOVABLE | Gfp::NOWARN, 9)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{}", variant.name(), mm.vmstat()));
+        let cs = mm.compaction_stats();
+        assert_eq!((cs.fail[9], cs.success[9]), (1, 1), "{}", mm.vmstat());
+        assert_eq!(cs.defer_shift, 0, "{cs:?}");
+        assert_eq!(mm.vm_events().get(VmEvent::CompactStall), 2);
+        check(&mm);
+        verify_all(&s, a, pages, |i| i % 2 == 1, |_| 0);
+        mm.free_pages(p, 9).unwrap();
+        give_back(&mm, more);
+        give_back(&mm, huge);
+        assert_stats(&mm);
+        check(&mm);
+    }
+}
+
+#[test]
+fn costly_order_stops_after_a_whole_zone_failure() {
+    // Unmovable pages every other page: compaction cannot help. The async run
+    // goes through the whole zone and defers; the retry at the next priority is
+    // then skipped by the deferral, and the request fails after one run.
+    let mm = build(Variant::MmkitEager, 16 * MIB);
+    let mut held = Vec::new();
+    while let Ok(p) = mm.alloc_pages(Gfp::KERNEL, 0) {
+        held.push(p);
+    }
+    let mut keep = Vec::new();
+    for (i, p) in held.into_iter().enumerate() {
+        if i % 2 == 0 {
+            mm.free_pages(p, 0).unwrap();
+        } else {
+            keep.push(p);
+        }
+    }
+    mm.reset_stats();
+    assert!(mm.alloc_pages(Gfp::MOVABLE | Gfp::NOWARN, 9).is_err());
+    let ev = mm.vm_events();
+    assert_eq!(ev.get(VmEvent::CompactStall), 1, "{}", mm.vmstat());
+    assert_eq!(ev.get(VmEvent::CompactFail), 1, "{}", mm.vmstat());
+    assert_eq!(ev.get(VmEvent::CompactDeferred), 1, "{}", mm.vmstat());
+    assert_eq!(mm.compaction_stats().defer_shift, 1, "{}", mm.vmstat());
+    assert_stats(&mm);
+    for p in keep {
+        mm.free_pages(p, 0).unwrap();
+    }
     check(&mm);
 }
 
