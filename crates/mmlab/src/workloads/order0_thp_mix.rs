@@ -10,7 +10,7 @@
 //!    it);
 //! 2. `threads` threads run `page_fault1` for the warmup and the measured
 //!    interval, each in its own `Space`, mapping `REGION` bytes (`--quick`:
-//!    `QUICK_REGION`), writing one byte per 4 KiB page (`touch(addr, true)`) and
+//!    `QUICK_REGION`), writing one byte per 4 KiB page (`write(addr, &[1])`) and
 //!    unmapping: the first `ceil(threads / 2)` with plain mappings (order-0
 //!    faults), the others with `MapFlags::HUGE` mappings (an order-9 fault per 2 MiB, falling
 //!    back to order 0 when no block can be had, direct compaction included).
@@ -93,7 +93,7 @@ impl Target for HugeTarget<'_> {
     }
 
     unsafe fn access(&mut self, addr: u64, _how: Access) -> bool {
-        self.0.touch(addr, true).is_ok()
+        self.0.write(addr, &[1]).is_ok()
     }
 
     unsafe fn unmap(&mut self, addr: u64, len: usize) -> bool {
