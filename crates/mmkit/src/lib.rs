@@ -527,7 +527,9 @@ impl Mm {
         (off < self.inner.arena.len()).then(|| Pfn::new((off / PAGE_SIZE) as u64))
     }
 
-    /// Walks every free list and descriptor and verifies the invariants.
+    /// Walks every free list and descriptor and verifies the invariants. Meant
+    /// for a quiescent allocator: a block being freed or moved between lists by
+    /// another thread at that moment is in neither place and is reported.
     pub fn check(&self) -> Result<(), Error> {
         self.inner.alloc.check().map_err(Error::Corrupt)
     }
