@@ -152,9 +152,9 @@ pub struct PageAlloc<P: Platform> {
     nr_pages: u64,
 }
 
-/// Pages moved between a per-CPU cache and its per-CPU list at a time: half the
-/// cache, so that a CPU alternating between allocating and freeing does not
-/// bounce at either end.
+/// Pages a cache miss moves from the per-CPU list into the cache: half of it, so
+/// that a CPU alternating between allocating and freeing does not bounce at
+/// either end (a free into a full cache moves the whole cache back).
 const PCP_CACHE_BATCH: usize = PCP_CACHE_SLOTS / 2;
 
 /// Linux's `zone_batchsize`: a quarter of 1/1024 of the zone, at most 256 pages,
@@ -483,6 +483,12 @@ impl<P: Platform> PageAlloc<P> {
     /// `drain_all_pages`, whose list drain then frees them in sorted clusters).
     fn drain_caches(&self) {
         let Some(c) = &self.caches else { return };
+        // Nothing to take: spare every CPU the fence's interrupt. (A page pushed
+        // right after this look is no different from one freed right after the
+        // drain.)
+        if c.lists().iter().all(|l| l.is_empty()) {
+            return;
+        }
         let mut taken: Vec<(usize, usize, usize, u32)> = Vec::new();
         let mut pages = Vec::new();
         c.with_fenced::<P, _>(|f| {
