@@ -332,15 +332,17 @@ impl<P: Platform> PageAlloc<P> {
         if !self.pcp.is_empty() && ac.mt < MIGRATE_PCPTYPES {
             // The cache first: it holds the pages that come next off the list.
             if let Some(c) = &self.caches {
-                'cache: for z in 0..self.zones.len() {
-                    while n < out.len() {
-                        let Some(idx) = c.pop::<P>(z, ac.mt) else {
-                            continue 'cache;
-                        };
-                        out[n] = Pfn::new(idx as u64);
-                        n += 1;
+                let mut buf = [0u32; PCP_CACHE_SLOTS];
+                for z in 0..self.zones.len() {
+                    let want = (out.len() - n).min(PCP_CACHE_SLOTS);
+                    if want == 0 {
+                        break;
                     }
-                    break;
+                    let got = c.pop_many::<P>(z, ac.mt, &mut buf[..want]);
+                    for (o, &idx) in out[n..n + got].iter_mut().zip(&buf[..got]) {
+                        *o = Pfn::new(idx as u64);
+                    }
+                    n += got;
                 }
             }
             for z in 0..self.zones.len() {
@@ -437,13 +439,13 @@ impl<P: Platform> PageAlloc<P> {
         g.count -= n as u32;
         drop(g);
         // Hottest last, so it ends on top of the cache.
-        let mut pushed = 0;
-        while pushed < n && c.push::<P>(z, mt, buf[n - 1 - pushed]) {
-            pushed += 1;
-        }
+        buf[..n].reverse();
+        let pushed = c.push_many::<P>(z, mt, &buf[..n]);
         self.events[self.cpu()].add(VmEvent::PcpCacheFill, pushed as u64);
         if pushed < n {
-            self.return_to_pcp(z, mt, &buf[..n - pushed]);
+            // The hottest did not fit: hottest first for `return_to_pcp`.
+            buf[pushed..n].reverse();
+            self.return_to_pcp(z, mt, &buf[pushed..n]);
         }
     }
 
@@ -470,11 +472,11 @@ impl<P: Platform> PageAlloc<P> {
     #[cold]
     fn spill_cache(&self, z: usize, g: &mut PcpGuard<'_>, mt: usize) {
         let Some(c) = &self.caches else { return };
-        let mut n = 0;
-        while n < PCP_CACHE_SLOTS {
-            let Some(idx) = c.pop::<P>(z, mt) else { break };
+        let mut buf = [0u32; PCP_CACHE_SLOTS];
+        let n = c.pop_many::<P>(z, mt, &mut buf);
+        // Coldest first onto the list, so its hot end gets the cache's top.
+        for &idx in buf[..n].iter().rev() {
             self.free_unref_page_commit(z, g, idx, 0, mt);
-            n += 1;
         }
         g.events[VmEvent::PcpCacheSpill as usize] += n as u64;
     }

@@ -132,7 +132,8 @@ unsafe impl Sync for PcpCacheTable {}
 unsafe impl Send for PcpCacheTable {}
 
 impl PcpCacheTable {
-    pub(crate) fn new(nr_zones: usize, nr_cpus: usize) -> Self {
+    /// Empty lists for `nr_zones` zones of `nr_cpus` CPUs.
+    pub fn new(nr_zones: usize, nr_cpus: usize) -> Self {
         let n = nr_zones * MIGRATE_PCPTYPES * nr_cpus;
         PcpCacheTable {
             lists: (0..n).map(|_| PcpCacheList::new()).collect(),
@@ -194,6 +195,22 @@ impl PcpCacheTable {
     pub(crate) fn push<P: Platform>(&self, z: usize, mt: usize, idx: u32) -> bool {
         // SAFETY: as in `pop`; `idx` is a free page the caller owns.
         unsafe { P::cache_push(self.row(z, mt), self.nr_cpus, idx) }
+    }
+
+    /// Pops up to `out.len()` pages (top first) from the current CPU's list of
+    /// (`z`, `mt`) in one sequence; returns how many.
+    #[inline]
+    pub(crate) fn pop_many<P: Platform>(&self, z: usize, mt: usize, out: &mut [u32]) -> usize {
+        // SAFETY: as in `pop`.
+        unsafe { P::cache_pop_many(self.row(z, mt), self.nr_cpus, out) }
+    }
+
+    /// Pushes as many of `src` as fit (`src[0]` first) onto the current CPU's list
+    /// of (`z`, `mt`) in one sequence; returns how many.
+    #[inline]
+    pub(crate) fn push_many<P: Platform>(&self, z: usize, mt: usize, src: &[u32]) -> usize {
+        // SAFETY: as in `push`; the pages are free and the caller's.
+        unsafe { P::cache_push_many(self.row(z, mt), self.nr_cpus, src) }
     }
 
     /// Adds the raw counters' progress since the last fold to the totals. Caller

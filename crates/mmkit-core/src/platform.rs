@@ -61,6 +61,48 @@ pub trait Platform: 'static {
     ) -> bool {
         false
     }
+    /// Pops up to `out.len()` entries (top first) from the current CPU's cache
+    /// list in one restartable sequence; returns how many (0: empty, fenced, or
+    /// `cpu >= nr`). The default pops one at a time.
+    ///
+    /// # Safety
+    /// As for [`Platform::cache_pop`].
+    #[inline]
+    unsafe fn cache_pop_many(
+        row: *const crate::pcp_cache::PcpCacheList,
+        nr: usize,
+        out: &mut [u32],
+    ) -> usize {
+        let mut n = 0;
+        while n < out.len() {
+            // SAFETY: forwarded from the caller.
+            match unsafe { Self::cache_pop(row, nr) } {
+                Some(v) => out[n] = v,
+                None => break,
+            }
+            n += 1;
+        }
+        n
+    }
+    /// Pushes as many of `src` as fit (`src[0]` first, so the last pushed ends on
+    /// top) onto the current CPU's cache list in one restartable sequence; returns
+    /// how many. The default pushes one at a time.
+    ///
+    /// # Safety
+    /// As for [`Platform::cache_pop`].
+    #[inline]
+    unsafe fn cache_push_many(
+        row: *const crate::pcp_cache::PcpCacheList,
+        nr: usize,
+        src: &[u32],
+    ) -> usize {
+        let mut n = 0;
+        // SAFETY: forwarded from the caller.
+        while n < src.len() && unsafe { Self::cache_push(row, nr, src[n]) } {
+            n += 1;
+        }
+        n
+    }
     /// Restarts every restartable sequence now running on any CPU and returns once
     /// none that began before the call can still commit (Linux's
     /// `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)`). Called after setting

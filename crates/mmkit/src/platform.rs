@@ -69,6 +69,18 @@ impl Platform for StdPlatform {
         unsafe { rseq::push(row, nr, idx) }
     }
 
+    #[inline]
+    unsafe fn cache_pop_many(row: *const PcpCacheList, nr: usize, out: &mut [u32]) -> usize {
+        // SAFETY: forwarded from the caller.
+        unsafe { rseq::pop_many(row, nr, out) }
+    }
+
+    #[inline]
+    unsafe fn cache_push_many(row: *const PcpCacheList, nr: usize, src: &[u32]) -> usize {
+        // SAFETY: forwarded from the caller.
+        unsafe { rseq::push_many(row, nr, src) }
+    }
+
     fn cache_fence() {
         rseq::fence()
     }
@@ -312,6 +324,107 @@ mod rseq {
         }
     }
 
+    /// See `Platform::cache_pop_many`: up to `out.len()` entries, top first, in one
+    /// sequence.
+    #[inline]
+    pub(super) unsafe fn pop_many(row: *const PcpCacheList, nr: usize, out: &mut [u32]) -> usize {
+        if out.is_empty() {
+            return 0;
+        }
+        let rs = area();
+        loop {
+            let status: u32;
+            let n: usize;
+            // SAFETY: as in `pop`; the loop writes at most `min(len, out.len())`
+            // entries to `out` (uncommitted: a restart writes them again), then
+            // commits by storing `pops + n`.
+            unsafe {
+                rseq_sequence!(rs, row, nr, status,
+                    "mov {p:e}, dword ptr [{c} + {pops}]",
+                    "mov {t:e}, dword ptr [{c} + {pushes}]",
+                    "sub {t:e}, {p:e}",
+                    "jz 24f",
+                    "cmp {t:e}, {slots}",
+                    "ja 24f",
+                    "cmp {t:e}, {m:e}",
+                    "cmovb {m:e}, {t:e}",
+                    "mov {k:e}, {m:e}",
+                    "26:",
+                    "mov {v:e}, dword ptr [{c} + {t} * 4 + {slot0} - 4]",
+                    "mov dword ptr [{o}], {v:e}",
+                    "add {o}, 4",
+                    "dec {t:e}",
+                    "dec {k:e}",
+                    "jnz 26b",
+                    "add {p:e}, {m:e}",
+                    "mov dword ptr [{c} + {pops}], {p:e}";
+                    o = inout(reg) out.as_mut_ptr() => _,
+                    m = inout(reg) out.len().min(PCP_CACHE_SLOTS) => n,
+                    p = out(reg) _,
+                    k = out(reg) _,
+                    v = out(reg) _,
+                );
+            }
+            match status {
+                HIT => return n & 0xffff_ffff,
+                MISS => return 0,
+                _ => {
+                    ABORTS.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// See `Platform::cache_push_many`: as many of `src` as fit, `src[0]` first,
+    /// in one sequence.
+    #[inline]
+    pub(super) unsafe fn push_many(row: *const PcpCacheList, nr: usize, src: &[u32]) -> usize {
+        if src.is_empty() {
+            return 0;
+        }
+        let rs = area();
+        loop {
+            let status: u32;
+            let n: usize;
+            // SAFETY: as in `push`: the slot stores go past the stack's top, which
+            // no one reads until the final store of `pushes + n` commits them.
+            unsafe {
+                rseq_sequence!(rs, row, nr, status,
+                    "mov {q:e}, dword ptr [{c} + {pushes}]",
+                    "mov {t:e}, {q:e}",
+                    "sub {t:e}, dword ptr [{c} + {pops}]",
+                    "mov {k:e}, {slots}",
+                    "sub {k:e}, {t:e}",
+                    "jbe 24f",
+                    "cmp {k:e}, {m:e}",
+                    "cmova {k:e}, {m:e}",
+                    "mov {m:e}, {k:e}",
+                    "27:",
+                    "mov {v:e}, dword ptr [{o}]",
+                    "mov dword ptr [{c} + {t} * 4 + {slot0}], {v:e}",
+                    "add {o}, 4",
+                    "inc {t:e}",
+                    "dec {k:e}",
+                    "jnz 27b",
+                    "add {q:e}, {m:e}",
+                    "mov dword ptr [{c} + {pushes}], {q:e}";
+                    o = inout(reg) src.as_ptr() => _,
+                    m = inout(reg) src.len().min(PCP_CACHE_SLOTS) => n,
+                    q = out(reg) _,
+                    k = out(reg) _,
+                    v = out(reg) _,
+                );
+            }
+            match status {
+                HIT => return n & 0xffff_ffff,
+                MISS => return 0,
+                _ => {
+                    ABORTS.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
     /// Restarts every sequence in flight in this process (see `Platform::cache_fence`).
     pub(super) fn fence() {
         loop {
@@ -347,12 +460,97 @@ mod rseq {
     pub(super) unsafe fn push(_: *const PcpCacheList, _: usize, _: u32) -> bool {
         false
     }
+    pub(super) unsafe fn pop_many(_: *const PcpCacheList, _: usize, _: &mut [u32]) -> usize {
+        0
+    }
+    pub(super) unsafe fn push_many(_: *const PcpCacheList, _: usize, _: &[u32]) -> usize {
+        0
+    }
     pub(super) fn fence() {}
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mmkit_core::pcp_cache::{PcpCacheTable, PCP_CACHE_SLOTS};
+
+    /// Pins the calling thread to `cpu`; false if not allowed.
+    fn pin(cpu: usize) -> bool {
+        // SAFETY: plain libc calls on a zeroed cpu_set_t.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        }
+    }
+
+    /// The restartable operations against the layout: LIFO order, capacity,
+    /// partial batches, misses on a fenced list and on a CPU without a list.
+    #[test]
+    fn restartable_cache_ops_follow_the_layout() {
+        if !StdPlatform::cache_ops_available() {
+            eprintln!("rseq or membarrier not available here: skipped");
+            return;
+        }
+        std::thread::spawn(|| {
+            assert!(pin(0));
+            std::thread::yield_now();
+            let t = PcpCacheTable::new(1, 1);
+            let row = t.row(0, 0);
+            let src: Vec<u32> = (100..100 + PCP_CACHE_SLOTS as u32 + 10).collect();
+            // SAFETY: `row` is the table's one list for CPU 0, which outlives the calls.
+            unsafe {
+                assert!(StdPlatform::cache_push(row, 1, 7));
+                assert_eq!(StdPlatform::cache_pop(row, 1), Some(7));
+                assert_eq!(StdPlatform::cache_pop(row, 1), None);
+                assert_eq!(StdPlatform::cache_push_many(row, 1, &src[..20]), 20);
+                // Only the room left is taken.
+                assert_eq!(
+                    StdPlatform::cache_push_many(row, 1, &src[20..]),
+                    PCP_CACHE_SLOTS - 20
+                );
+                assert!(!StdPlatform::cache_push(row, 1, 1));
+                assert_eq!(t.lists()[0].len() as usize, PCP_CACHE_SLOTS);
+                assert_eq!(
+                    StdPlatform::cache_pop(row, 1),
+                    Some(src[PCP_CACHE_SLOTS - 1])
+                );
+                let mut out = [0u32; 5];
+                assert_eq!(StdPlatform::cache_pop_many(row, 1, &mut out), 5);
+                let want: Vec<u32> = (0..5).map(|i| src[PCP_CACHE_SLOTS - 2 - i]).collect();
+                assert_eq!(out.to_vec(), want);
+                // A fenced list misses both ways and keeps its entries.
+                t.lists()[0]
+                    .fenced
+                    .store(1, std::sync::atomic::Ordering::SeqCst);
+                assert_eq!(StdPlatform::cache_pop(row, 1), None);
+                assert_eq!(StdPlatform::cache_pop_many(row, 1, &mut out), 0);
+                assert_eq!(StdPlatform::cache_push_many(row, 1, &src[..1]), 0);
+                t.lists()[0]
+                    .fenced
+                    .store(0, std::sync::atomic::Ordering::SeqCst);
+                let mut all = vec![0u32; 2 * PCP_CACHE_SLOTS];
+                let n = StdPlatform::cache_pop_many(row, 1, &mut all);
+                assert_eq!(n, PCP_CACHE_SLOTS - 6);
+                assert_eq!(all[n - 1], src[0]);
+                assert_eq!(StdPlatform::cache_pop_many(row, 1, &mut all), 0);
+                // A CPU with no list (row of 0 lists) always misses.
+                assert!(!StdPlatform::cache_push(row, 0, 1));
+                assert_eq!(StdPlatform::cache_pop(row, 0), None);
+            }
+            let l = &t.lists()[0];
+            assert_eq!(
+                l.pops.load(std::sync::atomic::Ordering::Relaxed),
+                1 + 1 + 5 + (PCP_CACHE_SLOTS as u32 - 6)
+            );
+            assert_eq!(
+                l.pushes.load(std::sync::atomic::Ordering::Relaxed),
+                1 + PCP_CACHE_SLOTS as u32
+            );
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn cpu_id_agrees_with_sched_getcpu() {
