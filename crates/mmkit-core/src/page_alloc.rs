@@ -466,15 +466,16 @@ impl<P: Platform> PageAlloc<P> {
         }
     }
 
-    /// A free found the current CPU's cache full: frees the page to the per-CPU
-    /// list and moves the whole cache with it, so that the list (whose drains free
-    /// sorted clusters) sees runs of neighbouring pages whole.
+    /// A free found the current CPU's cache full: moves the whole cache to the
+    /// per-CPU list, bottom (oldest) first, so that the list (whose drains free
+    /// sorted clusters from its cold end) sees runs of neighbouring pages whole
+    /// and in the order they were freed.
     #[cold]
     fn spill_cache(&self, z: usize, g: &mut PcpGuard<'_>, mt: usize) {
         let Some(c) = &self.caches else { return };
         let mut buf = [0u32; PCP_CACHE_SLOTS];
         let n = c.pop_many::<P>(z, mt, &mut buf);
-        // Coldest first onto the list, so its hot end gets the cache's top.
+        // Oldest first onto the list, so its hot end gets the cache's top.
         for &idx in buf[..n].iter().rev() {
             self.free_unref_page_commit(z, g, idx, 0, mt);
         }
@@ -941,11 +942,13 @@ impl<P: Platform> PageAlloc<P> {
                 }
             }
             if let Some(mut g) = self.pcp_trylock(z) {
-                self.free_unref_page_commit(z, &mut g, idx, order, mt);
-                g.events[VmEvent::PgFree as usize] += 1;
+                // The cache's pages go first: they were freed before this one, and
+                // the list keeps free order so that its drains see runs in order.
                 if cached {
                     self.spill_cache(z, &mut g, mt);
                 }
+                self.free_unref_page_commit(z, &mut g, idx, order, mt);
+                g.events[VmEvent::PgFree as usize] += 1;
                 return;
             }
         }
