@@ -256,11 +256,26 @@ mod rseq {
         };
     }
 
+    /// Runs `seq` (one restartable sequence: its status and its value) until it
+    /// commits or misses, counting the aborts; `miss` is the result of a miss.
+    #[inline(always)]
+    fn until_done<T>(miss: T, mut seq: impl FnMut() -> (u32, T)) -> T {
+        loop {
+            match seq() {
+                (HIT, v) => return v,
+                (MISS, _) => return miss,
+                _ => {
+                    ABORTS.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
     /// See `Platform::cache_pop`.
     #[inline]
     pub(super) unsafe fn pop(row: *const PcpCacheList, nr: usize) -> Option<u32> {
         let rs = area();
-        loop {
+        until_done(None, || {
             let status: u32;
             let val: u32;
             // SAFETY: `rs` is this thread's registered rseq area (`available()` was
@@ -282,21 +297,15 @@ mod rseq {
                     v = out(reg) val,
                 );
             }
-            match status {
-                HIT => return Some(val),
-                MISS => return None,
-                _ => {
-                    ABORTS.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
+            (status, Some(val))
+        })
     }
 
     /// See `Platform::cache_push`.
     #[inline]
     pub(super) unsafe fn push(row: *const PcpCacheList, nr: usize, idx: u32) -> bool {
         let rs = area();
-        loop {
+        until_done(false, || {
             let status: u32;
             // SAFETY: as in `pop`. The slot store before the commit writes past the
             // stack's top, which no one reads until the commit makes it part of it.
@@ -314,14 +323,8 @@ mod rseq {
                     v = in(reg) idx,
                 );
             }
-            match status {
-                HIT => return true,
-                MISS => return false,
-                _ => {
-                    ABORTS.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
+            (status, true)
+        })
     }
 
     /// See `Platform::cache_pop_many`: up to `out.len()` entries, top first, in one
@@ -332,7 +335,7 @@ mod rseq {
             return 0;
         }
         let rs = area();
-        loop {
+        until_done(0, || {
             let status: u32;
             let n: usize;
             // SAFETY: as in `pop`; the loop writes at most `min(len, out.len())`
@@ -365,14 +368,8 @@ mod rseq {
                     v = out(reg) _,
                 );
             }
-            match status {
-                HIT => return n & 0xffff_ffff,
-                MISS => return 0,
-                _ => {
-                    ABORTS.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
+            (status, n & 0xffff_ffff)
+        })
     }
 
     /// See `Platform::cache_push_many`: as many of `src` as fit, `src[0]` first,
@@ -383,7 +380,7 @@ mod rseq {
             return 0;
         }
         let rs = area();
-        loop {
+        until_done(0, || {
             let status: u32;
             let n: usize;
             // SAFETY: as in `push`: the slot stores go past the stack's top, which
@@ -415,14 +412,8 @@ mod rseq {
                     v = out(reg) _,
                 );
             }
-            match status {
-                HIT => return n & 0xffff_ffff,
-                MISS => return 0,
-                _ => {
-                    ABORTS.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
+            (status, n & 0xffff_ffff)
+        })
     }
 
     /// Restarts every sequence in flight in this process (see `Platform::cache_fence`).
