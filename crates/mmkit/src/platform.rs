@@ -362,13 +362,14 @@ mod rseq {
                     "add {p:e}, {m:e}",
                     "mov dword ptr [{c} + {pops}], {p:e}";
                     o = inout(reg) out.as_mut_ptr() => _,
+                    // A 32-bit write zero-extends: `n` is the count.
                     m = inout(reg) out.len().min(PCP_CACHE_SLOTS) => n,
                     p = out(reg) _,
                     k = out(reg) _,
                     v = out(reg) _,
                 );
             }
-            (status, n & 0xffff_ffff)
+            (status, n)
         })
     }
 
@@ -412,7 +413,7 @@ mod rseq {
                     v = out(reg) _,
                 );
             }
-            (status, n & 0xffff_ffff)
+            (status, n)
         })
     }
 

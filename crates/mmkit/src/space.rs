@@ -185,6 +185,14 @@ impl Vma {
     }
 }
 
+/// Where the upper levels of a page-table walk end (`walk_upper`).
+enum Upper<'a> {
+    /// The PTE table's page.
+    Table(Pfn),
+    /// A huge PMD: its slot and value.
+    Huge(&'a AtomicU64, Pte),
+}
+
 /// The VMAs of a space, by start address, and where the next search for room
 /// starts (Linux's old `free_area_cache`).
 #[derive(Default)]
@@ -851,9 +859,10 @@ impl SpaceInner {
 
     /// Does `addr` still map the frame of `t` through a present entry? Checked
     /// under the page lock of `t.pfn` before touching its bytes: a migration that
-    /// started after `t` was taken has replaced the entry.
+    /// started after `t` was taken has replaced the entry. Only under the shared
+    /// VMA lock (through the walk cache).
     fn still_maps(&self, held: &VmaTree, addr: u64, t: &Translation) -> bool {
-        match self.follow_pte(held, addr) {
+        match self.follow_pte_cached(held, addr) {
             Some((_, e, level)) if e.is_present() => Self::translation(e, level, addr).pfn == t.pfn,
             _ => false,
         }
@@ -889,20 +898,10 @@ impl SpaceInner {
         held: &'a VmaTree,
         addr: u64,
     ) -> Option<(&'a AtomicU64, Pte, u32)> {
-        let mut t = self.tbl(held, self.pgd);
-        for level in [3, 2, 1] {
-            let slot = &t[pt_index(addr, level)];
-            let e = Pte::from_raw(slot.load(Ordering::Acquire));
-            if level == 1 && e.is_huge() {
-                return Some((slot, e, 1));
-            }
-            if !e.is_present() {
-                return None;
-            }
-            t = self.tbl(held, e.pfn());
+        match self.walk_upper(held, addr)? {
+            Upper::Huge(slot, e) => Some((slot, e, 1)),
+            Upper::Table(pt) => Some(self.pte_of(held, pt, addr)),
         }
-        let slot = &t[pt_index(addr, 0)];
-        Some((slot, Pte::from_raw(slot.load(Ordering::Acquire)), 0))
     }
 
     /// `follow_pte` through this thread's [`WalkCache`], which it fills when the
@@ -918,25 +917,42 @@ impl SpaceInner {
         let pt = if c.pt_gen == held.gen && c.pt_base == base {
             c.pt
         } else {
-            let mut t = self.tbl(held, self.pgd);
-            let mut pfn = self.pgd;
-            for level in [3, 2, 1] {
-                let slot = &t[pt_index(addr, level)];
-                let e = Pte::from_raw(slot.load(Ordering::Acquire));
-                if level == 1 && e.is_huge() {
-                    return Some((slot, e, 1));
+            match self.walk_upper(held, addr)? {
+                Upper::Huge(slot, e) => return Some((slot, e, 1)),
+                Upper::Table(pt) => {
+                    self.cache_pte_table(held, base, pt);
+                    pt
                 }
-                if !e.is_present() {
-                    return None;
-                }
-                pfn = e.pfn();
-                t = self.tbl(held, pfn);
             }
-            self.cache_pte_table(held, base, pfn);
-            pfn
         };
+        Some(self.pte_of(held, pt, addr))
+    }
+
+    /// The upper three levels of the walk for `addr`: the PTE table, or a huge
+    /// PMD; `None` if a table is missing.
+    fn walk_upper<'a>(&'a self, held: &'a VmaTree, addr: u64) -> Option<Upper<'a>> {
+        let mut t = self.tbl(held, self.pgd);
+        let mut pfn = self.pgd;
+        for level in [3, 2, 1] {
+            let slot = &t[pt_index(addr, level)];
+            let e = Pte::from_raw(slot.load(Ordering::Acquire));
+            if level == 1 && e.is_huge() {
+                return Some(Upper::Huge(slot, e));
+            }
+            if !e.is_present() {
+                return None;
+            }
+            pfn = e.pfn();
+            t = self.tbl(held, pfn);
+        }
+        Some(Upper::Table(pfn))
+    }
+
+    /// The PTE slot for `addr` in the PTE table `pt`, and its value.
+    #[inline]
+    fn pte_of<'a>(&'a self, held: &'a VmaTree, pt: Pfn, addr: u64) -> (&'a AtomicU64, Pte, u32) {
         let slot = &self.tbl(held, pt)[pt_index(addr, 0)];
-        Some((slot, Pte::from_raw(slot.load(Ordering::Acquire)), 0))
+        (slot, Pte::from_raw(slot.load(Ordering::Acquire)), 0)
     }
 
     /// Remembers that the PMD entry for `base` points to the PTE table `pt` (read
