@@ -39,6 +39,7 @@
 //! same value), so no lock protects anything here: the caller owns the memory.
 
 use core::fmt;
+use core::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -480,6 +481,16 @@ mod x86 {
         unsafe { asm!("sfence", options(nostack, preserves_flags)) }
     }
 
+    /// Prefetch the cache line at `p` with intent to write (`prefetchw`; a hint:
+    /// any address is allowed, and CPUs without the instruction treat it as a
+    /// NOP).
+    #[inline]
+    pub(super) fn prefetchw(p: *const u8) {
+        // SAFETY: PREFETCHW only hints the cache; it never faults, whatever the
+        // address, and changes no register or flag.
+        unsafe { asm!("prefetchw [{}]", in(reg) p, options(nostack, preserves_flags, readonly)) }
+    }
+
     /// SSE2 streaming stores over `[p, p + len)`.
     ///
     /// # Safety
@@ -707,6 +718,20 @@ unsafe fn clear_nt(p: *mut u8, len: usize, kind: NtKind) {
 /// `nt_kind` and not `Plain`.
 #[cfg(target_arch = "x86_64")]
 unsafe fn clear_nt_streaming(p: *mut u8, len: usize, kind: NtKind) {
+    // SAFETY: forwarded from the caller.
+    unsafe { clear_nt_unfenced(p, len, kind) };
+    x86::sfence();
+}
+
+/// Streaming stores over the aligned body of `[p, p + len)`, plain stores for head
+/// and tail, and no fence: the streaming stores stay weakly ordered until the
+/// caller's `sfence`.
+///
+/// # Safety
+/// `p` must be valid for writes of `len` bytes; `kind` at most the detected
+/// `nt_kind` and not `Plain`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn clear_nt_unfenced(p: *mut u8, len: usize, kind: NtKind) {
     let head = p.align_offset(64).min(len);
     let body = (len - head) & !63;
     let tail = len - head - body;
@@ -724,7 +749,6 @@ unsafe fn clear_nt_streaming(p: *mut u8, len: usize, kind: NtKind) {
         }
         core::ptr::write_bytes(b.add(body), 0, tail);
     }
-    x86::sfence();
 }
 
 /// Never reached (the detected `nt_kind` is `Plain` here); plain stores.
@@ -773,6 +797,84 @@ pub unsafe fn clear_pages(p: *mut u8, len: usize) {
 pub unsafe fn clear_pages_with(p: *mut u8, len: usize, strategy: ClearStrategy) {
     // SAFETY: forwarded from the caller.
     unsafe { Kernel::for_strategy(strategy, len).run(p, len) }
+}
+
+/// Zero a batch of 4 KiB pages (the pages of one fault-around batch) with
+/// `strategy` as it resolves for one page.
+///
+/// With [`ClearStrategy::NonTemporal`] the whole batch is cleared with streaming
+/// stores behind a single `sfence`: fencing each page waits for its stores to
+/// reach memory before the next page starts, which made 4 KiB streaming clears
+/// 2-3x slower than `rep stosb` here, while one fence per batch made them 1.5-2x
+/// faster. After the fence, the cache lines covering the byte offsets `hot` in
+/// every page are prefetched for writing (`prefetchw`), for the access expected
+/// there next: it then finds its line in cache instead of waiting on memory,
+/// and the prefetches, unlike cached stores of those lines, neither hold up the
+/// clearing nor sit in the store buffer for the next locked instruction to wait
+/// on. Other strategies ignore `hot` (their stores leave every line cached).
+///
+/// # Safety
+/// Every pointer must be valid for writes of 4096 bytes, the pages must not
+/// overlap, and no reference to their bytes may be live during the call.
+pub unsafe fn clear_page_batch<I>(pages: I, strategy: ClearStrategy, hot: Range<usize>)
+where
+    I: IntoIterator<Item = *mut u8>,
+    I::IntoIter: Clone,
+{
+    let kernel = Kernel::for_strategy(strategy, PAGE_SIZE);
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Nt(kind) if kind.min(cpu_clear_caps().nt_kind) != NtKind::Plain => {
+            let kind = kind.min(cpu_clear_caps().nt_kind);
+            let pages = pages.into_iter();
+            for p in pages.clone() {
+                // SAFETY: forwarded from the caller; `kind` is supported and not
+                // `Plain` (checked above).
+                unsafe { clear_nt_page_unfenced(p, kind) };
+            }
+            x86::sfence();
+            let lo = hot.start & !63;
+            let hi = hot.end.min(PAGE_SIZE);
+            if lo < hi {
+                for p in pages {
+                    for off in (lo..hi).step_by(64) {
+                        x86::prefetchw(p.wrapping_add(off));
+                    }
+                }
+            }
+        }
+        _ => {
+            let _ = hot;
+            for p in pages {
+                // SAFETY: forwarded from the caller.
+                unsafe { kernel.run(p, PAGE_SIZE) };
+            }
+        }
+    }
+}
+
+/// One 4 KiB page with streaming stores and no fence; a page that is not 64-byte
+/// aligned takes the general path (plain stores for its head and tail).
+///
+/// # Safety
+/// `p` must be valid for writes of 4096 bytes; `kind` at most the detected
+/// `nt_kind` and not `Plain`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+unsafe fn clear_nt_page_unfenced(p: *mut u8, kind: NtKind) {
+    if (p as usize) & 63 != 0 {
+        // SAFETY: forwarded from the caller.
+        return unsafe { clear_nt_unfenced(p, PAGE_SIZE, kind) };
+    }
+    // SAFETY: `p` is 64-byte aligned and valid for 4096 bytes, a multiple of 64;
+    // `kind` is supported (the caller's contract).
+    unsafe {
+        match kind {
+            NtKind::Avx512 => x86::nt_avx512(p, PAGE_SIZE),
+            NtKind::Avx2 => x86::nt_avx2(p, PAGE_SIZE),
+            _ => x86::nt_sse2(p, PAGE_SIZE),
+        }
+    }
 }
 
 /// Zero `len` bytes at `p` with the streaming-store kernel `kind` (lowered to the
@@ -1385,6 +1487,44 @@ mod tests {
             clear_pages(null, 0);
         }
         assert_eq!(n, 0);
+    }
+
+    /// A batch of pages, some adjacent, some apart, aligned and not, under every
+    /// strategy and hot range (empty, inside, clipped at the page end, past it):
+    /// each page zeroed exactly, the gaps and guards untouched.
+    #[test]
+    fn clear_page_batch_exact() {
+        let hots = [
+            0..0,
+            0..1,
+            0..4096,
+            100..300,
+            4000..4096,
+            4090..9000,
+            5000..6000,
+        ];
+        for off in [0usize, 64, 1, 8] {
+            for s in ClearStrategy::ALL {
+                for hot in hots.clone() {
+                    let mut a = Aligned::new(10 * PAGE_SIZE, 0xAA);
+                    let buf = a.buf();
+                    buf.fill(0xAA);
+                    // Pages 1, 2 (adjacent), 5 and 7 of the buffer, shifted by `off`.
+                    let starts = [1usize, 2, 5, 7].map(|i| i * PAGE_SIZE + off);
+                    let base = buf.as_mut_ptr();
+                    // SAFETY: each start + 4096 <= 8 * 4096 + 8, inside the 10-page
+                    // buffer; the pages do not overlap; no reference is live.
+                    unsafe {
+                        clear_page_batch(starts.iter().map(|&o| base.add(o)), s, hot.clone())
+                    };
+                    for (i, &b) in buf.iter().enumerate() {
+                        let inside = starts.iter().any(|&o| (o..o + PAGE_SIZE).contains(&i));
+                        let want = if inside { 0 } else { 0xAA };
+                        assert_eq!(b, want, "{s} off={off} hot={hot:?} byte {i}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! CPU time: `target/release/examples/pf1_ratio [PAIRS]` prints the median ratio.
 //! `CONFIGS=16:1024,64:2048:multi-page` compares several fault-around batches,
 //! arena sizes (MiB) and clearing strategies in the same run, each interleaved with clear-only.
+//! `MODE=write` (default: one byte per page, as the lab), `touch` or `fill`.
 use mmkit::mmkit_core::clear::clear_page;
 use mmkit::*;
 
@@ -27,6 +28,9 @@ fn main() -> Result<(), Error> {
         .unwrap_or(40);
     let configs = std::env::var("CONFIGS")
         .unwrap_or_else(|_| format!("{}:1024", Variant::Mmkit.fault_around()));
+    // What each page gets: `write` (one byte, the lab's loop), `touch` (the fault
+    // alone) or `fill` (all 4096 bytes, anon_w_seq's loop).
+    let mode = std::env::var("MODE").unwrap_or_else(|_| "write".into());
     let mut spaces = Vec::new();
     for c in configs.split(',') {
         let mut it = c.split(':');
@@ -74,8 +78,12 @@ fn main() -> Result<(), Error> {
             let t = cpu_now();
             for _ in 0..block {
                 let a = sp.mmap(LEN, MapFlags::empty())?;
-                for off in (0..LEN).step_by(4096) {
-                    sp.touch(a + off as u64, true)?;
+                for off in (0..LEN as u64).step_by(4096) {
+                    match mode.as_str() {
+                        "touch" => sp.touch(a + off, true)?,
+                        "fill" => sp.with_page(a + off, true, |p| p.fill(0xa5))?,
+                        _ => sp.write(a + off, &[1])?,
+                    }
                 }
                 sp.munmap(a, LEN)?;
             }

@@ -41,7 +41,7 @@ pub use mmkit_core::{
 };
 pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
 pub use platform::{rseq_aborts, StdPlatform};
-pub use space::{MapFlags, Space, SpaceStats, Translation, MMAP_BASE};
+pub use space::{MapFlags, Space, SpaceStats, Translation, MMAP_BASE, SPARSE_TOUCH_BYTES};
 
 use compaction::{AllocHooks, CompactConfig, Kcompactd};
 use mmkit_core::{AllocError, FreeError, PageAlloc};
