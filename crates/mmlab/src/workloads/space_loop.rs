@@ -10,7 +10,8 @@
 
 use super::host::{mmap_anon, HostMap, PAGE};
 use crate::runner::Worker;
-use mmkit::mmkit_core::clear::clear_page;
+use mmkit::mmkit_core::clear::{clear_page, clear_page_batch};
+use mmkit::ClearStrategy;
 use mmkit::Space;
 
 /// Pages per step.
@@ -196,20 +197,28 @@ impl<T: Target> Worker for MapAccessLoop<T> {
 /// The bound of `page_fault1`: `clear_page` on each 4 KiB page of a buffer of the
 /// region's size, allocated and faulted in beforehand (2 MiB aligned and advised
 /// for huge pages, like mmkit's arena), in address order, wrapping around. An op
-/// is one page cleared.
+/// is one page cleared. With `streaming`, the pages are cleared the way mmkit's
+/// fault path clears the fault-around batch of a sparse first touch instead:
+/// `clear_page_batch` with streaming stores, `STREAM_BATCH` pages per `sfence`.
 pub struct ClearOnly {
     buf: Option<HostMap>,
     off: usize,
+    streaming: bool,
 }
+
+/// Pages per `sfence` of the streaming clear-only loop: mmkit's default
+/// fault-around batch.
+pub const STREAM_BATCH: usize = 16;
 
 impl ClearOnly {
     /// A buffer of `len` bytes (rounded up to 2 MiB); without memory for it every
     /// step is a failure.
-    pub fn new(len: usize) -> ClearOnly {
+    pub fn new(len: usize, streaming: bool) -> ClearOnly {
         let len = len.div_ceil(super::host::HUGE) * super::host::HUGE;
         ClearOnly {
             buf: HostMap::huge_aligned(len, true).ok(),
             off: 0,
+            streaming,
         }
     }
 }
@@ -220,6 +229,26 @@ impl Worker for ClearOnly {
             std::thread::yield_now();
             return 0;
         };
+        if self.streaming {
+            for _ in 0..STEP_PAGES / STREAM_BATCH {
+                let base = buf.ptr().wrapping_add(self.off);
+                // SAFETY: off + STREAM_BATCH * 4096 <= buf.bytes() (off is a
+                // multiple of that below it, and the size is a multiple of 2 MiB);
+                // the pages are distinct and the buffer is ours.
+                unsafe {
+                    clear_page_batch(
+                        (0..STREAM_BATCH).map(|i| base.add(i * PAGE)),
+                        ClearStrategy::NonTemporal,
+                        0..0,
+                    )
+                };
+                self.off += STREAM_BATCH * PAGE;
+                if self.off >= buf.bytes() {
+                    self.off = 0;
+                }
+            }
+            return STEP_PAGES as u64;
+        }
         for _ in 0..STEP_PAGES {
             // SAFETY: off + 4096 <= buf.bytes() (off is a multiple of 4096 below
             // it, and the size is a multiple of 2 MiB); the buffer is ours.
@@ -290,9 +319,11 @@ mod tests {
             assert_eq!(run_steps(&mut w, 2), 512);
             assert_eq!(w.failures(), 0);
         }
-        let mut c = ClearOnly::new(1 << 20);
-        assert_eq!(c.step(), 512);
-        assert_eq!(c.step(), 512);
-        assert_eq!(c.failures(), 0);
+        for streaming in [false, true] {
+            let mut c = ClearOnly::new(1 << 20, streaming);
+            assert_eq!(c.step(), 512);
+            assert_eq!(c.step(), 512);
+            assert_eq!(c.failures(), 0);
+        }
     }
 }
