@@ -4,8 +4,9 @@
 //! contention of the mmkit variants; cross_cpu_free at 2 threads, mmkit against
 //! mmkit-eager; page_fault1 (both cases), mmkit against the kernel at 2 threads
 //! and against clear-only at 1 thread; clear_huge, mmkit against the best raw
-//! loop (1GiB) and against the kernel (2MiB). A figure whose inputs were not
-//! measured says so.
+//! loop (1GiB) and against the kernel (2MiB); highalloc's success and
+//! order0_thp_mix's two scores, mmkit against mmkit-eager. A figure whose inputs
+//! were not measured says so.
 
 use crate::record::{lookup, lookup_case, Record};
 
@@ -39,16 +40,47 @@ fn case_ratio(
     b: &str,
     target: Target,
 ) -> String {
+    target_ratio(records, workload, Some(case), threads, metric, a, b, target)
+}
+
+/// As `case_ratio`, for a workload without cases.
+fn point_ratio(
+    records: &[Record],
+    workload: &str,
+    threads: usize,
+    metric: &str,
+    a: &str,
+    b: &str,
+    target: Target,
+) -> String {
+    target_ratio(records, workload, None, threads, metric, a, b, target)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn target_ratio(
+    records: &[Record],
+    workload: &str,
+    case: Option<&str>,
+    threads: usize,
+    metric: &str,
+    a: &str,
+    b: &str,
+    target: Target,
+) -> String {
     let t = if threads == 1 { "thread" } else { "threads" };
-    let head = format!("{workload} ({case}) @ {threads} {t}: {a} / {b} {metric}");
+    let head = match case {
+        Some(c) => format!("{workload} ({c}) @ {threads} {t}: {a} / {b} {metric}"),
+        None => format!("{workload} @ {threads} {t}: {a} / {b} {metric}"),
+    };
     let unit = records
         .iter()
         .find(|r| r.workload == workload && r.metric == metric)
         .map_or("", |r| r.unit.as_str());
-    match (
-        lookup_case(records, workload, a, threads, metric, case),
-        lookup_case(records, workload, b, threads, metric, case),
-    ) {
+    let get = |v: &str| match case {
+        Some(c) => lookup_case(records, workload, v, threads, metric, c),
+        None => lookup(records, workload, v, threads, metric),
+    };
+    match (get(a), get(b)) {
         (Some(x), Some(y)) if y > 0.0 => {
             let r = x / y;
             let (shown, want, met) = match target {
@@ -157,6 +189,26 @@ pub fn figures(records: &[Record]) -> Vec<String> {
         "kernel",
         Target::Times(4.0),
     ));
+    out.push(point_ratio(
+        records,
+        "highalloc",
+        2,
+        "success_pct",
+        "mmkit",
+        "mmkit-eager",
+        Target::Times(1.0),
+    ));
+    for (metric, k) in [("order0_score", 1.2), ("thp_score", 1.0)] {
+        out.push(point_ratio(
+            records,
+            "order0_thp_mix",
+            4,
+            metric,
+            "mmkit",
+            "mmkit-eager",
+            Target::Times(k),
+        ));
+    }
     out
 }
 
@@ -201,7 +253,7 @@ mod tests {
             "alloc_free_batch @ 8 threads: zone_lock_contended_pct mmkit 1.50%"
         );
         assert!(f[3].ends_with("not measured"));
-        assert_eq!(f.len(), 10);
+        assert_eq!(f.len(), 13);
         assert!(f[4..].iter().all(|l| l.ends_with("not measured")));
     }
 
@@ -258,5 +310,29 @@ mod tests {
             "clear_huge (2MiB) @ 1 thread: mmkit / kernel gb_per_sec = 3.00x \
              (9.00 vs 3.00 GB/s; target >= 4x: not met)"
         );
+    }
+
+    #[test]
+    fn compaction_figures_come_from_records() {
+        let recs = vec![
+            rec("highalloc", "mmkit", 2, "success_pct", 99.0),
+            rec("highalloc", "mmkit-eager", 2, "success_pct", 100.0),
+            rec("order0_thp_mix", "mmkit", 4, "order0_score", 3e6),
+            rec("order0_thp_mix", "mmkit-eager", 4, "order0_score", 2e6),
+            rec("order0_thp_mix", "mmkit", 4, "thp_score", 2e6),
+            rec("order0_thp_mix", "mmkit-eager", 4, "thp_score", 2e6),
+        ];
+        let f = figures(&recs);
+        assert_eq!(
+            f[10],
+            "highalloc @ 2 threads: mmkit / mmkit-eager success_pct = 0.99x \
+             (99.00 vs 100.00 ; target >= 1x: not met)"
+        );
+        assert_eq!(
+            f[11],
+            "order0_thp_mix @ 4 threads: mmkit / mmkit-eager order0_score = 1.50x \
+             (3000000 vs 2000000 ; target >= 1.2x: met)"
+        );
+        assert!(f[12].contains("thp_score = 1.00x") && f[12].ends_with("met)"));
     }
 }
