@@ -11,6 +11,8 @@
 //! - `CAP`: pages per second each plain thread may fault (0: as fast as it can),
 //!   to compare the huge half of two variants under the same order-0 load;
 //! - `PLAIN_THREADS=0` in the environment: the huge half alone;
+//! - `VMSTAT=1`: the slow-path, drain, merge, compaction and per-CPU cache
+//!   counters of each point;
 //! - variants default to `mmkit mmkit-eager`, interleaved, a fresh `Mm` each.
 use mmkit::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -173,6 +175,16 @@ fn main() -> Result<(), Error> {
                 stop.store(true, Ordering::Relaxed);
                 Ok(())
             })?;
+            if std::env::var_os("VMSTAT").is_some() {
+                let vs = mm.vmstat();
+                for l in vs.lines().filter(|l| {
+                    ["slowpath", "drain", "merge", "compact", "pcp_cache"]
+                        .iter()
+                        .any(|k| l.contains(k))
+                }) {
+                    println!("  {l}");
+                }
+            }
             let s = elapsed.as_secs_f64();
             let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
             let nf = g(&t.huge_faults).max(1.0);
