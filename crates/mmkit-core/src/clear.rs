@@ -21,6 +21,13 @@
 //! - [`ClearStrategy::Auto`]: `MultiPage` up to the LLC size, `NonTemporal` above it
 //!   (the size is the whole operation's, not one chunk's).
 //!
+//! For the fault path, [`clear_page_batch`] clears a fault-around batch of 4 KiB
+//! pages; with streaming stores it fences once per batch, not per page, and then
+//! prefetches for writing the lines where the next accesses are expected (the
+//! "hot" bytes: the faulting access's offset in every page). A huge page cleared
+//! with streaming stores prefetches its sub-pages' hot lines the same way
+//! ([`ChunkedClear::with_hot`]).
+//!
 //! Around the kernels: clearing in chunks with a call-back between chunks, so that a
 //! 1 GiB clear has a ceiling on the time between preemption points ([`ChunkedClear`],
 //! [`clear_chunked`]; the series did this with `TIF_ALLOW_RESCHED`), and the huge
@@ -935,7 +942,20 @@ pub struct ChunkedClear {
     /// Sub-pages around the faulting one that a huge page clear does last
     /// (see [`clear_huge_page`]); 0 counts as 1.
     pub window_pages: usize,
+    /// Bytes `[hot_offset, hot_offset + hot_len)` of every sub-page: where the
+    /// accesses after a huge page fault are expected (the faulting access's
+    /// offset, for a loop striding by pages). When the huge page is cleared with
+    /// streaming stores, those cache lines are prefetched for writing in up to
+    /// [`HOT_PREFETCH_PAGES`] sub-pages outside the window, so that the accesses
+    /// find them in cache instead of each waiting on memory. 0 bytes: none.
+    pub hot_offset: usize,
+    /// See `hot_offset`.
+    pub hot_len: usize,
 }
+
+/// The most sub-pages of one huge page whose hot lines are prefetched after a
+/// streaming clear (512: a 2 MiB page's; 32 KiB of lines at one line each).
+pub const HOT_PREFETCH_PAGES: usize = 512;
 
 impl Default for ChunkedClear {
     fn default() -> Self {
@@ -950,7 +970,17 @@ impl ChunkedClear {
             strategy,
             chunk_bytes: DEFAULT_CLEAR_CHUNK,
             window_pages: FAULT_WINDOW_PAGES,
+            hot_offset: 0,
+            hot_len: 0,
         }
+    }
+
+    /// The same with the hot bytes `[offset, offset + len)` of each sub-page
+    /// (see `hot_offset`).
+    pub const fn with_hot(mut self, offset: usize, len: usize) -> Self {
+        self.hot_offset = offset;
+        self.hot_len = len;
+        self
     }
 
     /// The same with another chunk size (0: the default).
@@ -1112,11 +1142,39 @@ impl ChunkedClear {
             // Ahead of the fault, from the far end back: the sub-pages right after
             // the window, which a sequential access reaches next, are cleared last.
             r.backward(at(hi), (nr_pages - hi) * PAGE_SIZE, kernel);
+            if matches!(kernel, Kernel::Nt(_)) {
+                self.prefetch_hot(base, nr_pages, lo, hi);
+            }
             // The window with temporal stores, so it is cached when the access
             // resumes; the faulting sub-page itself last of all.
             r.forward(at(lo), (f - lo) * PAGE_SIZE, near);
             r.forward(at(f + 1), (hi - f - 1) * PAGE_SIZE, near);
             r.forward(at(f), PAGE_SIZE, near);
+        }
+    }
+}
+
+impl ChunkedClear {
+    /// Prefetches for writing the hot lines of the sub-pages outside the window
+    /// `[lo, hi)`: those after it first (a sequential access goes there next), then
+    /// those before it, [`HOT_PREFETCH_PAGES`] at most. Only addresses inside the
+    /// huge page are computed; a prefetch is a hint and never faults.
+    fn prefetch_hot(&self, base: *mut u8, nr_pages: usize, lo: usize, hi: usize) {
+        let first = self.hot_offset.min(PAGE_SIZE) & !63;
+        let end = self.hot_offset.saturating_add(self.hot_len).min(PAGE_SIZE);
+        if first >= end {
+            return;
+        }
+        let after = hi..nr_pages.min(hi + HOT_PREFETCH_PAGES);
+        let left = HOT_PREFETCH_PAGES - after.len();
+        let before = lo.saturating_sub(left)..lo;
+        for i in after.chain(before.rev()) {
+            for off in (first..end).step_by(64) {
+                #[cfg(target_arch = "x86_64")]
+                x86::prefetchw(base.wrapping_add(i * PAGE_SIZE + off));
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = (i, off);
+            }
         }
     }
 }
@@ -1613,11 +1671,19 @@ mod tests {
         let mut a = Aligned::new(NR * PAGE_SIZE + 2 * PAGE_SIZE, 0xAA);
         for s in ClearStrategy::ALL {
             for fault in [0usize, 511, 200, 256, 255, 3, 509, 10_000] {
-                for chunk in [0usize, 4096, 12345, 1 << 20] {
+                for (chunk, hot) in [
+                    (0usize, 0..0),
+                    (4096, 0..1),
+                    (12345, 4000..9000),
+                    (1 << 20, 100..300),
+                ] {
                     let buf = a.buf();
                     buf.fill(0xAA);
                     let mut n = 0;
-                    let c = ChunkedClear::new(s).with_chunk_bytes(chunk);
+                    // Hot lines (prefetched after streaming stores) change nothing.
+                    let c = ChunkedClear::new(s)
+                        .with_chunk_bytes(chunk)
+                        .with_hot(hot.start, hot.len());
                     let yields = c.clear_huge(
                         &mut buf[PAGE_SIZE..(NR + 1) * PAGE_SIZE],
                         fault,

@@ -11,9 +11,12 @@
 //!   then either `do_huge_pmd_anonymous_page` (an order-9 page under one PMD, for a
 //!   [`MapFlags::HUGE`] VMA whose 2 MiB-aligned range around the address lies inside
 //!   it; falls back to order 0 when the allocation fails) or `do_anonymous_page`
-//!   (an order-0 page). The data page is `Gfp::MOVABLE`, cleared with the Mm's
-//!   clearing strategy (a huge page with `clear_huge_page`, the faulting sub-page
-//!   last), gets its reverse map, and is installed with `compare_exchange` from 0:
+//!   (an order-0 page, with anonymous fault-around a batch of them). The data
+//!   page is `Gfp::MOVABLE`, cleared with the Mm's clearing strategy (a huge page
+//!   with `clear_huge_page`, the faulting sub-page last; under `Auto` a sparse
+//!   first touch, at most [`SPARSE_TOUCH_BYTES`], has its batch cleared with
+//!   streaming stores and the cache lines at its offset prefetched in every page),
+//!   gets its reverse map, and is installed with `compare_exchange` from 0:
 //!   of two racing faults exactly one page is installed and the other is freed, so
 //!   every access goes through the installed page and no write is lost.
 //! - Unmap (`munmap`): split huge PMDs straddling the ends of the range, detach the
@@ -68,7 +71,7 @@ use std::sync::Arc;
 
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 use crossbeam_utils::CachePadded;
-use mmkit_core::clear::{clear_huge_page, clear_page_batch, ClearStrategy};
+use mmkit_core::clear::{clear_page_batch, ChunkedClear, ClearStrategy};
 use mmkit_core::Platform;
 
 use crate::pgtable::{
@@ -1115,7 +1118,7 @@ impl SpaceInner {
                 return Ok(());
             }
             if e.is_none() && vma.huge_eligible(addr) {
-                if self.do_huge_pmd_anonymous_page(vma, pmd_slot, pmd_pfn, addr, write) {
+                if self.do_huge_pmd_anonymous_page(vma, pmd_slot, pmd_pfn, addr, write, len) {
                     return Ok(());
                 }
                 self.stats.add(Stat::HugeFallbacks, 1);
@@ -1255,6 +1258,7 @@ impl SpaceInner {
         pmd_pfn: Pfn,
         addr: u64,
         write: bool,
+        len: usize,
     ) -> bool {
         let mm = &self.mm;
         let Ok(pfn) = mm.alloc_pages(Gfp::MOVABLE | Gfp::NOWARN, HPAGE_PMD_ORDER) else {
@@ -1262,15 +1266,19 @@ impl SpaceInner {
         };
         let haddr = addr & !(PMD_SIZE - 1);
         let fault_index = ((addr - haddr) / PAGE) as usize;
+        // A sparse first touch predicts sparse accesses at the same offset of the
+        // other sub-pages: their lines are prefetched after a streaming clear.
+        let hot = if len <= SPARSE_TOUCH_BYTES { len } else { 0 };
+        let clear = ChunkedClear::new(huge_clear_strategy(mm.clear_strategy(), vma))
+            .with_hot((addr % PAGE) as usize, hot);
         // SAFETY: the block is ours (just allocated, not yet mapped): 512 * 4096
         // writable bytes inside the arena that nothing else references; the yield
         // function touches nothing.
         unsafe {
-            clear_huge_page(
+            clear.clear_huge_page(
                 mm.page_address(pfn),
                 HPAGE_PMD_NR as usize,
                 fault_index,
-                huge_clear_strategy(mm.clear_strategy(), vma),
                 &mut || {},
             )
         };
