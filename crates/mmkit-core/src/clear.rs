@@ -747,14 +747,20 @@ unsafe fn clear_nt_unfenced(p: *mut u8, len: usize, kind: NtKind) {
     // streaming kernels require; `kind` is at most the detected `nt_kind`, so
     // the CPU and OS support its instructions.
     unsafe {
-        core::ptr::write_bytes(p, 0, head);
+        // Checked, not called with 0: a page-aligned page (the fault path's
+        // case) then makes no call besides its streaming loop.
+        if head != 0 {
+            core::ptr::write_bytes(p, 0, head);
+        }
         let b = p.add(head);
         match kind {
             NtKind::Avx512 => x86::nt_avx512(b, body),
             NtKind::Avx2 => x86::nt_avx2(b, body),
             _ => x86::nt_sse2(b, body),
         }
-        core::ptr::write_bytes(b.add(body), 0, tail);
+        if tail != 0 {
+            core::ptr::write_bytes(b.add(body), 0, tail);
+        }
     }
 }
 
@@ -828,30 +834,23 @@ where
     I: IntoIterator<Item = *mut u8>,
     I::IntoIter: Clone,
 {
-    let kernel = Kernel::for_strategy(strategy, PAGE_SIZE);
-    match kernel {
+    match Kernel::for_strategy(strategy, PAGE_SIZE) {
+        // `for_strategy` gives the detected kind, so the CPU supports it.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Nt(kind) if kind.min(cpu_clear_caps().nt_kind) != NtKind::Plain => {
-            let kind = kind.min(cpu_clear_caps().nt_kind);
+        Kernel::Nt(kind) if kind != NtKind::Plain => {
             let pages = pages.into_iter();
             for p in pages.clone() {
                 // SAFETY: forwarded from the caller; `kind` is supported and not
-                // `Plain` (checked above).
-                unsafe { clear_nt_page_unfenced(p, kind) };
+                // `Plain`.
+                unsafe { clear_nt_unfenced(p, PAGE_SIZE, kind) };
             }
             x86::sfence();
-            let lo = hot.start & !63;
-            let hi = hot.end.min(PAGE_SIZE);
-            if lo < hi {
-                for p in pages {
-                    for off in (lo..hi).step_by(64) {
-                        x86::prefetchw(p.wrapping_add(off));
-                    }
-                }
+            for p in pages {
+                prefetch_hot_lines(p, hot.start, hot.end.saturating_sub(hot.start));
             }
         }
-        _ => {
-            let _ = hot;
+        kernel => {
+            let _ = hot; // cached stores leave every line cached
             for p in pages {
                 // SAFETY: forwarded from the caller.
                 unsafe { kernel.run(p, PAGE_SIZE) };
@@ -860,27 +859,19 @@ where
     }
 }
 
-/// One 4 KiB page with streaming stores and no fence; a page that is not 64-byte
-/// aligned takes the general path (plain stores for its head and tail).
-///
-/// # Safety
-/// `p` must be valid for writes of 4096 bytes; `kind` at most the detected
-/// `nt_kind` and not `Plain`.
-#[cfg(target_arch = "x86_64")]
+/// Prefetches for writing the cache lines of the 4 KiB page at `page` that cover
+/// its bytes `[offset, offset + len)` (clipped to the page). A prefetch is a hint
+/// that never faults, so `page` may be any address; elsewhere than on x86_64,
+/// nothing is done.
 #[inline]
-unsafe fn clear_nt_page_unfenced(p: *mut u8, kind: NtKind) {
-    if (p as usize) & 63 != 0 {
-        // SAFETY: forwarded from the caller.
-        return unsafe { clear_nt_unfenced(p, PAGE_SIZE, kind) };
-    }
-    // SAFETY: `p` is 64-byte aligned and valid for 4096 bytes, a multiple of 64;
-    // `kind` is supported (the caller's contract).
-    unsafe {
-        match kind {
-            NtKind::Avx512 => x86::nt_avx512(p, PAGE_SIZE),
-            NtKind::Avx2 => x86::nt_avx2(p, PAGE_SIZE),
-            _ => x86::nt_sse2(p, PAGE_SIZE),
-        }
+fn prefetch_hot_lines(page: *mut u8, offset: usize, len: usize) {
+    let first = offset.min(PAGE_SIZE) & !63;
+    let end = offset.saturating_add(len).min(PAGE_SIZE);
+    for off in (first..end).step_by(64) {
+        #[cfg(target_arch = "x86_64")]
+        x86::prefetchw(page.wrapping_add(off));
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (page, off);
     }
 }
 
@@ -1160,21 +1151,18 @@ impl ChunkedClear {
     /// those before it, [`HOT_PREFETCH_PAGES`] at most. Only addresses inside the
     /// huge page are computed; a prefetch is a hint and never faults.
     fn prefetch_hot(&self, base: *mut u8, nr_pages: usize, lo: usize, hi: usize) {
-        let first = self.hot_offset.min(PAGE_SIZE) & !63;
-        let end = self.hot_offset.saturating_add(self.hot_len).min(PAGE_SIZE);
-        if first >= end {
+        if self.hot_len == 0 {
             return;
         }
         let after = hi..nr_pages.min(hi + HOT_PREFETCH_PAGES);
         let left = HOT_PREFETCH_PAGES - after.len();
         let before = lo.saturating_sub(left)..lo;
         for i in after.chain(before.rev()) {
-            for off in (first..end).step_by(64) {
-                #[cfg(target_arch = "x86_64")]
-                x86::prefetchw(base.wrapping_add(i * PAGE_SIZE + off));
-                #[cfg(not(target_arch = "x86_64"))]
-                let _ = (i, off);
-            }
+            prefetch_hot_lines(
+                base.wrapping_add(i * PAGE_SIZE),
+                self.hot_offset,
+                self.hot_len,
+            );
         }
     }
 }
