@@ -88,9 +88,10 @@ const PAGE: u64 = PAGE_SIZE as u64;
 pub const MMU_GATHER_BATCH: usize = 512;
 const PAGE_LOCK_STRIPES: usize = 256;
 /// A first access of at most this many bytes of a page is sparse (four cache
-/// lines): its fault-around neighbours are cleared with streaming stores under
-/// [`ClearStrategy::Auto`] (see `do_anonymous_page`). `touch` and `populate` are
-/// sparse, `with_page` is dense, `read`/`write` go by the bytes they copy.
+/// lines): under [`ClearStrategy::Auto`] its fault-around batch is cleared with
+/// streaming stores and the lines it covers are prefetched in every page of the
+/// batch (see `do_anonymous_page`). `touch` and `populate` are sparse,
+/// `with_page` is dense, `read`/`write` go by the bytes they copy.
 pub const SPARSE_TOUCH_BYTES: usize = 256;
 /// Highest level of table page that `munmap` frees (the root, level 3, only goes
 /// with the address space).
@@ -1173,12 +1174,12 @@ impl SpaceInner {
     /// a byte per page), streaming stores, with one `sfence` for the batch: they
     /// skip the read for ownership of every line, which makes a 4 KiB clear
     /// 1.5-2x cheaper here, and the zeroes a sparse loop never reads would only
-    /// evict its working set. The cache lines the faulting access covers, at the
-    /// same offset in every page of the batch, are cleared with cached stores: the
-    /// access resumes on them, and a loop that strides by pages takes its next
-    /// faults at that offset too, so its stores hit the cache instead of waiting
-    /// on memory at the lock that follows them. Explicit strategies apply to the
-    /// whole batch.
+    /// evict its working set. After the fence, the cache lines the faulting access
+    /// covers, at the same offset in every page of the batch, are prefetched for
+    /// writing: the access resumes on them, and a loop that strides by pages
+    /// touches the other pages at that offset too, so its stores hit the cache
+    /// instead of waiting on memory at the locked instruction that follows them.
+    /// Explicit strategies apply to the whole batch.
     fn do_anonymous_page(
         &self,
         vma: &Vma,
