@@ -84,7 +84,9 @@ pub enum ClearStrategy {
     MultiPage,
     /// Streaming (cache-bypassing) stores and an `sfence`.
     NonTemporal,
-    /// `MultiPage` up to the LLC size, `NonTemporal` above it.
+    /// `MultiPage` up to the LLC size, `NonTemporal` above it. (mmkit's fault
+    /// path also clears the fault-around batch of a sparse first touch with
+    /// `NonTemporal`, through [`clear_page_batch`].)
     #[default]
     Auto,
 }
