@@ -35,7 +35,7 @@
 //! (`membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)`), which restarts every
 //! sequence in progress; any sequence started later sees `fenced` and misses, so
 //! the remote side owns the lists until it clears `fenced`. Remote sides serialise
-//! on [`PcpCacheTable::fence_lock`].
+//! on `PcpCacheTable::fence_lock`.
 
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
