@@ -1,6 +1,6 @@
 //! The report: tables on stdout after each workload, and the report directory:
-//! results.jsonl (every record), <workload>.md (its tables, with its plots),
-//! <workload>_<metric>.svg (the plots) and README.md (an index, the command line,
+//! `results.jsonl` (every record), `<workload>.md` (its tables, with its plots),
+//! `<workload>_<metric>.svg` (the plots) and `README.md` (an index, the command line,
 //! the figures).
 
 pub mod figures;

@@ -1,6 +1,6 @@
 //! SVG plots (plotters): one per table, the metric against the thread count,
-//! one line per variant, written as DIR/<workload>_<metric>.svg (a case, when
-//! there is one, goes between: <workload>_<case>_<metric>.svg).
+//! one line per variant, written as `DIR/<workload>_<metric>.svg` (a case, when
+//! there is one, goes between: `<workload>_<case>_<metric>.svg`).
 
 use super::table::Table;
 use anyhow::{anyhow, Result};
