@@ -6,13 +6,16 @@
 //! low-watermark check. Higher orders go to the zone's buddy lists directly.
 //! Slow path (`__alloc_pages_slowpath`): wake kswapd (hook), retry at the min
 //! watermark (atomic requests may go lower: half of min for `__GFP_HIGH`, a further
-//! quarter when they cannot sleep), drain every CPU's lists and merge what lazy
-//! merging skipped (merge on demand; not under `LazyNoMerge`), try compaction
-//! (hooks; a block the compaction captured is returned at once) and reclaim, and
-//! compact again at a higher priority while `should_compact_retry` says a retry
-//! can help (the first run only went on from where the last one stopped, or its
-//! block was taken meanwhile; bounded), give back high-atomic reserves, and only
-//! then report out of memory. Background threads are woken only for requests
+//! quarter when they cannot sleep), merge what lazy merging skipped (merge on
+//! demand; not under `LazyNoMerge`) after draining every CPU's lists for orders
+//! up to 3, try compaction (hooks; a block the compaction captured is returned at
+//! once) and reclaim, and compact again at a higher priority while
+//! `should_compact_retry` says a retry can help (the first run only went on from
+//! where the last one stopped, or its block was taken meanwhile; bounded); a
+//! costly order (above 3) drains the lists only then, as Linux drains after
+//! reclaim failed (a drain of every list is thousands of pages under auto-tuned
+//! `high`, and the faulting CPUs refill them at once); give back high-atomic
+//! reserves, and only then report out of memory. Background threads are woken only for requests
 //! whose `Gfp` allows it.
 //!
 //! Free validation: `free_pages` claims the block by one compare-and-swap of its head
@@ -30,7 +33,9 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU8, Ordering};
 
-use crate::compaction::{should_compact_retry, CompactPriority, CompactResult};
+use crate::compaction::{
+    should_compact_retry, CompactPriority, CompactResult, PAGE_ALLOC_COSTLY_ORDER,
+};
 use crate::config::{Config, MergePolicy, PcpHighPolicy, PcpPolicy, RefillPolicy};
 use crate::gfp::{
     AllocContext, Gfp, MigrateType, ALLOC_HARDER, ALLOC_WMARK_LOW, MIGRATE_PCPTYPES, MIGRATE_TYPES,
@@ -757,9 +762,17 @@ impl<P: Platform> PageAlloc<P> {
         if let Some(idx) = attempt(self) {
             return Ok(self.prep_new_page(idx, order, ac.mt));
         }
-        // Memory held on per-CPU lists and lazily freed pages count as free: put
-        // them back in the buddy lists, merged, before going further.
-        self.drain_all_pages();
+        // Lazily freed pages count as free: merge them before going further (the
+        // cheap first step). So do pages held on per-CPU lists, but draining every
+        // CPU's lists is not cheap (thousands of pages under auto-tuned `high`,
+        // each a cache miss and a zone-lock hold per chunk) and empties the lists
+        // of CPUs that are busy faulting: as Linux does, a costly order tries
+        // direct compaction first and drains only when that failed (Linux drains
+        // after reclaim made no progress), while small orders drain at once.
+        let costly = order > PAGE_ALLOC_COSTLY_ORDER;
+        if !costly {
+            self.drain_all_pages();
+        }
         if self.cfg.merge.merges_on_demand() {
             self.merge_all();
         }
@@ -798,6 +811,17 @@ impl<P: Platform> PageAlloc<P> {
                 if !should_compact_retry(order, result, &mut prio, &mut compact_retries) {
                     break;
                 }
+            }
+        }
+        if costly {
+            // Compaction could not build the block: the per-CPU lists are the
+            // free memory left to try.
+            self.drain_all_pages();
+            if self.cfg.merge.merges_on_demand() {
+                self.merge_all();
+            }
+            if let Some(idx) = attempt(self) {
+                return Ok(self.prep_new_page(idx, order, ac.mt));
             }
         }
         let mut unreserved = false;
@@ -1664,6 +1688,79 @@ mod tests {
         a.free_pages(big, MAX_ORDER).unwrap();
         a.reset_stats();
         assert_eq!(a.vm_events().get(VmEvent::PgAlloc), 0);
+    }
+
+    /// Records what the per-CPU lists held when the slow path asked for direct
+    /// compaction, and compacts nothing.
+    struct SeeLists<'a> {
+        a: &'a PageAlloc<TestPlatform>,
+        calls: core::cell::Cell<u32>,
+        pcp_at_first_call: core::cell::Cell<u64>,
+    }
+    impl SlowPathHooks for SeeLists<'_> {
+        fn direct_compact(&self, _: u32, _: MigrateType, _: CompactPriority) -> CompactResult {
+            if self.calls.get() == 0 {
+                self.pcp_at_first_call.set(self.a.zone_info()[0].nr_pcp);
+            }
+            self.calls.set(self.calls.get() + 1);
+            CompactResult::Complete
+        }
+    }
+
+    /// An allocator with every page allocated as order 0 except the aligned
+    /// block of `1 << order` pages at `at`, freed page by page (so that its last
+    /// pages sit on a per-CPU list); the pages held and the block's pages.
+    fn all_but_one_block(
+        merge: MergePolicy,
+        order: u32,
+        at: u64,
+    ) -> (PageAlloc<TestPlatform>, Vec<Pfn>) {
+        let a = pa(PcpPolicy::On, merge, RefillPolicy::Cluster, 4096);
+        let mut held = Vec::new();
+        while let Ok(p) = a.alloc_pages(Gfp::MOVABLE, 0, &NoHooks) {
+            held.push(p);
+        }
+        // What is left is the reserve below the min watermark: less than a block.
+        assert!(a.nr_free_pages() < 1 << order);
+        held.sort_unstable_by_key(|p| p.get());
+        let i = held.iter().position(|p| p.get() == at).unwrap();
+        for p in held.drain(i..i + (1 << order)) {
+            assert!(p.get() < at + (1 << order));
+            a.free_pages(p, 0).unwrap();
+        }
+        (a, held)
+    }
+
+    /// The only free pageblock, partly on a per-CPU list: a costly order asks
+    /// for compaction before draining the lists (as Linux does), and still gets
+    /// the block from the drain when compaction could not build it.
+    #[test]
+    fn slowpath_costly_order_compacts_before_draining_lists() {
+        for merge in [MergePolicy::Eager, MergePolicy::Lazy] {
+            let (a, held) = all_but_one_block(merge, 9, 2048);
+            let on_lists = a.zone_info()[0].nr_pcp;
+            assert!(on_lists > 0 && on_lists < 512, "{on_lists}");
+            let drains0 = a.vm_events().get(VmEvent::DrainAll);
+            let hooks = SeeLists {
+                a: &a,
+                calls: core::cell::Cell::new(0),
+                pcp_at_first_call: core::cell::Cell::new(0),
+            };
+            let big = a.alloc_pages(Gfp::MOVABLE, 9, &hooks).unwrap();
+            assert_eq!(big.get(), 2048, "{merge:?}");
+            assert!(hooks.calls.get() > 0, "{merge:?}: compaction was not tried");
+            assert_eq!(
+                hooks.pcp_at_first_call.get(),
+                on_lists,
+                "{merge:?}: the lists were drained before compaction"
+            );
+            assert_eq!(a.vm_events().get(VmEvent::DrainAll), drains0 + 1);
+            a.free_pages(big, 9).unwrap();
+            for p in held {
+                a.free_pages(p, 0).unwrap();
+            }
+            a.check().unwrap();
+        }
     }
 
     fn order10_blocks(a: &PageAlloc<TestPlatform>) -> u64 {
