@@ -68,6 +68,10 @@ pub const COMPACT_MAX_DEFER_SHIFT: u32 = 6;
 pub const EXTFRAG_THRESHOLD: i32 = 500;
 /// Linux's default `vm.compaction_proactiveness`.
 pub const DEFAULT_PROACTIVENESS: u32 = 20;
+/// Free blocks of the woken order a kcompactd run builds before it stops
+/// (Linux's kcompactd stops at one). The requests that woke it keep coming: with
+/// one block, each finds the block taken by the one before and compacts itself.
+pub const KCOMPACTD_GOAL_BLOCKS: u32 = 8;
 /// Highest order with per-CPU lists (Linux's `PAGE_ALLOC_COSTLY_ORDER`): above
 /// it the fragmentation index is consulted, and requests may fail rather than
 /// retry compaction at every priority.
@@ -270,6 +274,9 @@ pub struct CompactControl {
     pub whole_zone: bool,
     /// The block captured for a direct compactor (already `Alloc`).
     pub captured: Option<Pfn>,
+    /// Free blocks of `order` the run is done at (1 for direct compaction, which
+    /// wants one block; kcompactd builds a few ahead of the requests).
+    pub goal_blocks: u32,
     /// Pages looked at by the migrate scanner in this run.
     pub migrate_scanned: u64,
     /// Pages looked at by the free scanner in this run.
@@ -535,6 +542,7 @@ impl<P: Platform> PageAlloc<P> {
             free_done: false,
             whole_zone,
             captured: None,
+            goal_blocks: 1,
             migrate_scanned: 0,
             free_scanned: 0,
             free_isolated: 0,
@@ -774,9 +782,10 @@ impl<P: Platform> PageAlloc<P> {
     }
 
     /// Linux's `compact_finished` for an order: merges what lazy merging left
-    /// (merge on demand, when the policy has it) and tells whether a free block of
-    /// at least `order` is now on a list the request can use (its migratetype's, or
-    /// any list at pageblock order and above, which a fallback takes whole).
+    /// (merge on demand, when the policy has it) and tells whether `goal_blocks`
+    /// free blocks of `order` (a larger block counting as the blocks it splits
+    /// into) are now on lists the request can use (its migratetype's, or any list
+    /// at pageblock order and above, which a fallback takes whole).
     pub fn compaction_done(&self, cc: &CompactControl) -> bool {
         if cc.captured.is_some() {
             return true;
@@ -789,12 +798,19 @@ impl<P: Platform> PageAlloc<P> {
         if g.nr_unmerged > 0 && g.merge_on_demand {
             g.merge_all(&self.mem, z.span);
         }
+        // Blocks of `order` in the usable free blocks, a larger block counting as
+        // the blocks of `order` it splits into.
+        let goal = u64::from(cc.goal_blocks.max(1));
+        let mut have = 0u64;
         for o in order..=MAX_ORDER {
             let row = &g.free_area[o as usize];
-            if row[cc.mt].nr > 0 {
-                return true;
-            }
-            if o >= PAGEBLOCK_ORDER && row[..MIGRATE_PCPTYPES].iter().any(|l| l.nr > 0) {
+            let n = if o >= PAGEBLOCK_ORDER {
+                row[..MIGRATE_PCPTYPES].iter().map(|l| l.nr).sum::<u64>()
+            } else {
+                row[cc.mt].nr
+            };
+            have += n << (o - order);
+            if have >= goal {
                 return true;
             }
         }

@@ -1707,6 +1707,46 @@ mod tests {
         }
     }
 
+    /// A compaction run's goal counts blocks of its order, a larger free block as
+    /// the blocks it splits into.
+    #[test]
+    fn compaction_goal_counts_blocks_of_the_order() {
+        let a = pa(
+            PcpPolicy::On,
+            MergePolicy::Lazy,
+            RefillPolicy::Cluster,
+            4096,
+        );
+        let free_order9 = a.zone_info()[0]
+            .free_blocks
+            .iter()
+            .enumerate()
+            .skip(9)
+            .map(|(o, b)| b.iter().sum::<u64>() << (o - 9))
+            .sum::<u64>();
+        assert!(free_order9 >= 4, "{free_order9}");
+        let mut cc = a.compact_control(
+            0,
+            Some(9),
+            MigrateType::Movable,
+            crate::CompactMode::Background,
+        );
+        for (goal, done) in [
+            (1, true),
+            (free_order9 as u32, true),
+            (free_order9 as u32 + 1, false),
+        ] {
+            cc.goal_blocks = goal;
+            assert_eq!(a.compaction_done(&cc), done, "goal {goal}");
+        }
+        // One block taken: one fewer.
+        let p = a.alloc_pages(Gfp::MOVABLE, 9, &NoHooks).unwrap();
+        cc.goal_blocks = free_order9 as u32;
+        assert!(!a.compaction_done(&cc));
+        a.free_pages(p, 9).unwrap();
+        assert!(a.compaction_done(&cc));
+    }
+
     /// An allocator with every page allocated as order 0 except the aligned
     /// block of `1 << order` pages at `at`, freed page by page (so that its last
     /// pages sit on a per-CPU list); the pages held and the block's pages.

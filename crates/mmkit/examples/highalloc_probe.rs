@@ -48,6 +48,7 @@ fn main() -> Result<(), Error> {
         VmEvent::DrainAll,
         VmEvent::MergeDone,
         VmEvent::WmarkLowFail,
+        VmEvent::CompactDaemonWake,
     ];
     for _ in 0..rounds {
         for &v in &variants {

@@ -17,7 +17,9 @@
 //! - **kcompactd**: a thread per `Mm` (off with `MmBuilder::kcompactd(false)`),
 //!   woken by the slow path of a high-order request whose fragmentation index
 //!   is above the threshold (the failure is fragmentation, not lack of memory);
-//!   it compacts for that order in the background. Every 500 ms it also checks the
+//!   it compacts for that order in the background until `KCOMPACTD_GOAL_BLOCKS`
+//!   blocks of it are free (Linux's stops at one: requests that keep coming would
+//!   each find the one block taken and compact themselves). Every 500 ms it also checks the
 //!   proactive score and, above `100 - proactiveness + 10`, compacts the whole zone
 //!   until the score is at most `100 - proactiveness` (Linux's proactive
 //!   compaction, backing off 32 s when a pass did not lower the score).
@@ -49,7 +51,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
-use mmkit_core::compaction::COMPACT_CLUSTER_MAX;
+use mmkit_core::compaction::{COMPACT_CLUSTER_MAX, KCOMPACTD_GOAL_BLOCKS};
 use mmkit_core::{
     CompactControl, CompactMode, CompactPriority, CompactResult, CompactStats, SlowPathHooks,
 };
@@ -458,6 +460,7 @@ fn kcompactd_do_work(mm: &Mm, order: u32) {
             MigrateType::Movable,
             CompactMode::Background,
         );
+        cc.goal_blocks = KCOMPACTD_GOAL_BLOCKS;
         let r = compact_zone(mm, &mut cc, None, &mut CompactSummary::default());
         match r {
             CompactResult::Success => pa.compaction_defer_reset(z, order, false),

@@ -642,6 +642,16 @@ fn kcompactd_compacts_in_the_background() {
     assert!(ev.get(VmEvent::CompactDaemonWake) >= 1);
     assert!(ev.get(VmEvent::PgMigrateSuccess) > 0);
     assert_eq!(ev.get(VmEvent::CompactStall), 0, "no direct compaction");
+    // It builds blocks ahead of the next requests, not just the one taken (up to
+    // KCOMPACTD_GOAL_BLOCKS; here the scanners meet after 6, where a goal of one
+    // block leaves 1).
+    mm.wait_compaction_idle();
+    let built = huge_free_blocks(&mm) + 1;
+    assert!(
+        built >= 4,
+        "kcompactd built {built} blocks\n{}",
+        mm.vmstat()
+    );
     mm.free_pages(p, 9).unwrap();
     give_back(&mm, huge);
     verify_all(&s, a, pages, |i| i % 2 == 1, |_| 0);
