@@ -15,8 +15,8 @@
 //! costly order (above 3) drains the lists only then, as Linux drains after
 //! reclaim failed (a drain of every list is thousands of pages under auto-tuned
 //! `high`, and the faulting CPUs refill them at once); give back high-atomic
-//! reserves, and only then report out of memory. Background threads are woken only for requests
-//! whose `Gfp` allows it.
+//! reserves, and only then report out of memory. Background threads are woken
+//! only for requests whose `Gfp` allows it.
 //!
 //! Free validation: `free_pages` claims the block by one compare-and-swap of its head
 //! descriptor from `Alloc` (with the caller's order) to `None`. Anything else — a
@@ -1749,7 +1749,7 @@ mod tests {
 
     /// An allocator with every page allocated as order 0 except the aligned
     /// block of `1 << order` pages at `at`, freed page by page (so that its last
-    /// pages sit on a per-CPU list); the pages held and the block's pages.
+    /// pages sit on a per-CPU list), and the pages still held.
     fn all_but_one_block(
         merge: MergePolicy,
         order: u32,

@@ -18,11 +18,13 @@
 //!   woken by the slow path of a high-order request whose fragmentation index
 //!   is above the threshold (the failure is fragmentation, not lack of memory);
 //!   it compacts for that order in the background until `KCOMPACTD_GOAL_BLOCKS`
-//!   blocks of it are free (Linux's stops at one: requests that keep coming would
-//!   each find the one block taken and compact themselves). Every 500 ms it also checks the
-//!   proactive score and, above `100 - proactiveness + 10`, compacts the whole zone
-//!   until the score is at most `100 - proactiveness` (Linux's proactive
-//!   compaction, backing off 32 s when a pass did not lower the score).
+//!   blocks of it are free (Linux's stops at one: requests that keep coming
+//!   would each find the one block taken and compact themselves); a run that
+//!   ends short of the goal with a block of the order free is a success, not a
+//!   reason to defer. Every 500 ms it also checks the proactive score and,
+//!   above `100 - proactiveness + 10`, compacts the whole zone until the score
+//!   is at most `100 - proactiveness` (Linux's proactive compaction, backing off
+//!   32 s when a pass did not lower the score).
 //! - **`Mm::compact_memory`**: the whole of every zone, now (Linux's
 //!   `/proc/sys/vm/compact_memory`).
 //!
@@ -461,7 +463,14 @@ fn kcompactd_do_work(mm: &Mm, order: u32) {
             CompactMode::Background,
         );
         cc.goal_blocks = KCOMPACTD_GOAL_BLOCKS;
-        let r = compact_zone(mm, &mut cc, None, &mut CompactSummary::default());
+        let mut r = compact_zone(mm, &mut cc, None, &mut CompactSummary::default());
+        if r != CompactResult::Success {
+            // Short of the goal, but a request of the order is served now.
+            cc.goal_blocks = 1;
+            if pa.compaction_done(&cc) {
+                r = CompactResult::Success;
+            }
+        }
         match r {
             CompactResult::Success => pa.compaction_defer_reset(z, order, false),
             CompactResult::Complete => pa.defer_compaction(z, order),
