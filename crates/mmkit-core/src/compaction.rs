@@ -53,7 +53,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::gfp::{MigrateType, MIGRATE_PCPTYPES};
 use crate::page::{
     fl_mt, fl_order, fl_state, mk_flags, PageState, Pfn, MAX_ORDER, NR_ORDERS, PAGEBLOCK_NR_PAGES,
-    PAGEBLOCK_ORDER,
+    PAGEBLOCK_ORDER, PG_OWNED,
 };
 use crate::page_alloc::PageAlloc;
 use crate::platform::Platform;
@@ -692,7 +692,9 @@ impl<P: Platform> PageAlloc<P> {
                     i += 1;
                 }
             }
-            let flags = mk_flags(PageState::Alloc, 0, movable as u32);
+            // Isolated targets are the library's own: once a migration maps one,
+            // only its address space may free it (`PG_OWNED`).
+            let flags = mk_flags(PageState::Alloc, 0, movable as u32) | PG_OWNED;
             for &(head, o) in &taken {
                 g.del_free(mem, head);
                 for j in head..head + (1 << o) {
@@ -737,13 +739,8 @@ impl<P: Platform> PageAlloc<P> {
     pub fn put_sources(&self, cc: &mut CompactControl, sources: &[Pfn]) -> usize {
         let mut to_free: Vec<u32> = Vec::with_capacity(sources.len());
         for &pfn in sources {
-            let Some(p) = self.page(pfn) else { continue };
-            if p.refcount.fetch_sub(1, Ordering::AcqRel) != 1 {
-                // Someone still holds a reference; their put_page frees it.
-                continue;
-            }
-            p.refcount.fetch_add(1, Ordering::Relaxed); // claim_for_free resets it
-            if self.claim_for_free(pfn, 0).is_ok() {
+            // Someone may still hold a reference; their put_page frees it then.
+            if self.put_page_testzero(pfn, Some(0)).is_some() {
                 to_free.push(pfn.get() as u32);
             }
         }
@@ -775,7 +772,7 @@ impl<P: Platform> PageAlloc<P> {
                 }
                 g.expand(&self.mem, head, w, o, cc.mt);
                 g.events[VmEvent::PgAlloc as usize] += 1;
-                cc.captured = Some(self.prep_new_page(head, w, cc.mt));
+                cc.captured = Some(self.prep_new_page(head, w, cc.mt, 0));
             }
         }
         to_free.len()

@@ -24,13 +24,15 @@ pub mod platform;
 pub mod stat;
 pub mod zone;
 
-pub use crate::page_alloc::{AllocError, FreeError, NoHooks, PageAlloc, SlowPathHooks, ZoneInfo};
+pub use crate::page_alloc::{
+    AllocError, Claim, FreeError, NoHooks, PageAlloc, SlowPathHooks, ZoneInfo,
+};
 pub use compaction::{CompactControl, CompactMode, CompactPriority, CompactResult, CompactStats};
 pub use config::{Config, MergePolicy, PcpHighPolicy, PcpPolicy, RefillPolicy};
 pub use gfp::{AllocContext, Gfp, MigrateType, MIGRATE_PCPTYPES, MIGRATE_TYPES};
 pub use page::{
     Page, PageState, Pfn, MAX_ORDER, NR_ORDERS, PAGEBLOCK_NR_PAGES, PAGEBLOCK_ORDER, PAGE_SHIFT,
-    PAGE_SIZE,
+    PAGE_SIZE, PG_OWNED,
 };
 pub use platform::{PcpLock, Platform};
 pub use stat::{LockStats, VmEvent, VmEvents, NR_VM_EVENTS};

@@ -75,6 +75,10 @@ pub(crate) const FL_STATE_SHIFT: u32 = 8; // bits 8..11: PageState
 pub(crate) const FL_STATE_MASK: u32 = 0x7 << FL_STATE_SHIFT;
 /// Order-0 buddy page freed without trying to merge (lazy merging).
 pub(crate) const PG_MERGE_SKIPPED: u32 = 1 << 11;
+/// At an allocated head: the block belongs to the layer above (an address
+/// space's data or table page, a swap-cache page), allocated with
+/// `alloc_owned_pages`; `free_pages` refuses it (`Claim::User`).
+pub const PG_OWNED: u32 = 1 << 12;
 /// Bits 16.. are for the layers above (LRU, swap cache, dirty, ...).
 pub const PG_LRU: u32 = 1 << 16;
 /// The page is in the swap cache; `private` holds its swap entry.

@@ -38,11 +38,12 @@ use crate::compaction::{
 };
 use crate::config::{Config, MergePolicy, PcpHighPolicy, PcpPolicy, RefillPolicy};
 use crate::gfp::{
-    AllocContext, Gfp, MigrateType, ALLOC_HARDER, ALLOC_WMARK_LOW, MIGRATE_PCPTYPES, MIGRATE_TYPES,
+    AllocContext, Gfp, MigrateType, ALLOC_HARDER, ALLOC_WMARK_LOW, ALLOC_WMARK_MASK,
+    MIGRATE_PCPTYPES, MIGRATE_TYPES,
 };
 use crate::page::{
     fl_mt, fl_order, fl_state, mk_flags, Page, PageState, Pfn, MAX_ORDER, NR_ORDERS,
-    PAGEBLOCK_NR_PAGES, PAGEBLOCK_ORDER, PG_MERGE_SKIPPED,
+    PAGEBLOCK_NR_PAGES, PAGEBLOCK_ORDER, PG_MERGE_SKIPPED, PG_OWNED,
 };
 use crate::pcp::{PcpGuard, PcpList, PerCpuPages, PCP_BATCH_SCALE_MAX, PCP_MAX_ORDER, PCP_ORDERS};
 use crate::pcp_cache::{FencedCaches, PcpCacheTable, PCP_CACHE_SLOTS};
@@ -82,6 +83,20 @@ pub enum FreeError {
         /// The order the block was allocated with.
         allocated: u32,
     },
+    /// The block belongs to the layer above (an address space's data or table
+    /// page, a swap-cache page): only that layer frees it.
+    Owned,
+}
+
+/// Who releases a block, and so which blocks it may release.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum Claim {
+    /// A caller of `free_pages`: only blocks `alloc_pages` handed out, never one
+    /// allocated with [`PG_OWNED`].
+    User,
+    /// The layer that owns the block (an address space's zap, migration): any
+    /// allocated block.
+    Owner,
 }
 
 /// Slow-path hooks filled in by the layers above (reclaim, compaction, kswapd).
@@ -155,6 +170,16 @@ pub struct PageAlloc<P: Platform> {
     pub(crate) events: Box<[AtomicEvents]>,
     ncpu: usize,
     nr_pages: u64,
+}
+
+/// The event of a watermark check that failed for `alloc_flags`.
+#[inline]
+fn wmark_fail_event(alloc_flags: u32) -> VmEvent {
+    if alloc_flags & ALLOC_WMARK_MASK == ALLOC_WMARK_LOW {
+        VmEvent::WmarkLowFail
+    } else {
+        VmEvent::WmarkMinFail
+    }
 }
 
 /// Pages a cache miss moves from the per-CPU list into the cache: half of it, so
@@ -303,6 +328,35 @@ impl<P: Platform> PageAlloc<P> {
         order: u32,
         hooks: &impl SlowPathHooks,
     ) -> Result<Pfn, AllocError> {
+        self.alloc_pages_flags(gfp, order, hooks, 0)
+    }
+
+    /// Allocates a block for the layer above's own use (an address space's data
+    /// and table pages, swap-cache pages): its head carries [`PG_OWNED`], so
+    /// `free_pages` with [`Claim::User`] refuses it; the owner releases it with
+    /// [`Claim::Owner`] or its last reference.
+    #[inline]
+    pub fn alloc_owned_pages(
+        &self,
+        gfp: Gfp,
+        order: u32,
+        hooks: &impl SlowPathHooks,
+    ) -> Result<Pfn, AllocError> {
+        self.alloc_pages_flags(gfp, order, hooks, PG_OWNED)
+    }
+
+    /// `alloc_pages` with page flags `pg` (0 or [`PG_OWNED`]) set at the head.
+    /// Every per-CPU path checks the zone's free count against the low mark
+    /// before it touches a list or a cache (Linux's `zone_watermark_fast`), so
+    /// pages parked on per-CPU lists are never handed out below the watermark.
+    #[inline(always)]
+    fn alloc_pages_flags(
+        &self,
+        gfp: Gfp,
+        order: u32,
+        hooks: &impl SlowPathHooks,
+        pg: u32,
+    ) -> Result<Pfn, AllocError> {
         if order > MAX_ORDER {
             return Err(AllocError::InvalidOrder);
         }
@@ -310,16 +364,19 @@ impl<P: Platform> PageAlloc<P> {
         if order == 0 && ac.mt < MIGRATE_PCPTYPES {
             if let Some(c) = &self.caches {
                 for z in 0..self.zones.len() {
+                    if !self.zones[z].watermark_ok(0, ALLOC_WMARK_LOW) {
+                        continue;
+                    }
                     if let Some(idx) = c.pop::<P>(z, ac.mt) {
-                        return Ok(self.prep_new_page(idx, 0, ac.mt));
+                        return Ok(self.prep_new_page(idx, 0, ac.mt, pg));
                     }
                 }
             }
         }
         if let Some(idx) = self.get_page_from_freelist(order, ALLOC_WMARK_LOW, &ac) {
-            return Ok(self.prep_new_page(idx, order, ac.mt));
+            return Ok(self.prep_new_page(idx, order, ac.mt, pg));
         }
-        self.alloc_slowpath(order, &ac, hooks)
+        self.alloc_slowpath(order, &ac, hooks, pg)
     }
 
     /// Whether the lock-free per-CPU caches are in use.
@@ -332,6 +389,17 @@ impl<P: Platform> PageAlloc<P> {
     /// so it may return fewer (even 0) when the lists and the zone above its low
     /// watermark cannot supply them. Returns the number written to `out`.
     pub fn alloc_pages_bulk(&self, gfp: Gfp, out: &mut [Pfn]) -> usize {
+        self.alloc_pages_bulk_flags(gfp, out, 0)
+    }
+
+    /// `alloc_pages_bulk` for the layer above's own use: every page carries
+    /// [`PG_OWNED`] (see [`Self::alloc_owned_pages`]).
+    pub fn alloc_owned_pages_bulk(&self, gfp: Gfp, out: &mut [Pfn]) -> usize {
+        self.alloc_pages_bulk_flags(gfp, out, PG_OWNED)
+    }
+
+    #[inline(always)]
+    fn alloc_pages_bulk_flags(&self, gfp: Gfp, out: &mut [Pfn], pg: u32) -> usize {
         let ac = AllocContext::new(gfp);
         let mut n = 0;
         if !self.pcp.is_empty() && ac.mt < MIGRATE_PCPTYPES {
@@ -342,6 +410,9 @@ impl<P: Platform> PageAlloc<P> {
                     let want = (out.len() - n).min(PCP_CACHE_SLOTS);
                     if want == 0 {
                         break;
+                    }
+                    if !self.zones[z].watermark_ok(0, ALLOC_WMARK_LOW) {
+                        continue;
                     }
                     let got = c.pop_many::<P>(z, ac.mt, &mut buf[..want]);
                     for (o, &idx) in out[n..n + got].iter_mut().zip(&buf[..got]) {
@@ -379,17 +450,19 @@ impl<P: Platform> PageAlloc<P> {
             }
         }
         for p in &out[..n] {
-            self.prep_new_page(p.get() as u32, 0, ac.mt);
+            self.prep_new_page(p.get() as u32, 0, ac.mt, pg);
         }
         n
     }
 
+    /// Hands out a block taken off a list: one reference, state `Alloc` with its
+    /// order and migratetype, and the page flags `pg` (0 or [`PG_OWNED`]).
     #[inline]
-    pub(crate) fn prep_new_page(&self, idx: u32, order: u32, mt: usize) -> Pfn {
+    pub(crate) fn prep_new_page(&self, idx: u32, order: u32, mt: usize, pg: u32) -> Pfn {
         let p = self.mem.page(idx);
         p.refcount.store(1, Ordering::Relaxed);
         p.flags.store(
-            mk_flags(PageState::Alloc, order, mt as u32),
+            mk_flags(PageState::Alloc, order, mt as u32) | pg,
             Ordering::Release,
         );
         Pfn::new(idx as u64)
@@ -562,6 +635,13 @@ impl<P: Platform> PageAlloc<P> {
         mt: usize,
         alloc_flags: u32,
     ) -> Option<u32> {
+        // The zone's free count decides, not what the list holds (Linux checks
+        // the watermark before `rmqueue`): pages parked on per-CPU lists are
+        // not handed out below the mark; the slow path drains them instead.
+        if !self.zones[z].watermark_ok(order, alloc_flags) {
+            g.events[wmark_fail_event(alloc_flags) as usize] += 1;
+            return None;
+        }
         let o = order as usize;
         if g.lists[o][mt].len() == 0 && !self.pcp_refill(z, g, order, mt, alloc_flags) {
             return None;
@@ -585,14 +665,19 @@ impl<P: Platform> PageAlloc<P> {
         alloc_flags: u32,
     ) -> bool {
         let zone = &self.zones[z];
-        if !zone.watermark_ok(order, alloc_flags) {
-            g.events[VmEvent::WmarkLowFail as usize] += 1;
-            return false;
-        }
         let entries = self.nr_pcp_alloc(z, g, order);
         let g = &mut **g;
         let list = &mut g.lists[order as usize][mt];
         let mut zg = zone.lock();
+        // A batch never takes the zone below the request's watermark: bound it
+        // by the headroom, read exactly under the lock.
+        let room = zone.headroom(zg.nr_free, zg.nr_reserved_highatomic, alloc_flags) >> order;
+        let entries = entries.min(room.min(u32::MAX as u64) as u32);
+        if entries == 0 {
+            drop(zg);
+            g.events[wmark_fail_event(alloc_flags) as usize] += 1;
+            return false;
+        }
         let n = match self.cfg.refill {
             RefillPolicy::PageByPage => {
                 let mut n = 0;
@@ -728,14 +813,16 @@ impl<P: Platform> PageAlloc<P> {
     fn rmqueue_buddy(&self, z: usize, order: u32, mt: usize, alloc_flags: u32) -> Option<u32> {
         let zone = &self.zones[z];
         if !zone.watermark_ok(order, alloc_flags) {
-            self.events[self.cpu()].inc(if alloc_flags & 3 == ALLOC_WMARK_LOW {
-                VmEvent::WmarkLowFail
-            } else {
-                VmEvent::WmarkMinFail
-            });
+            self.events[self.cpu()].inc(wmark_fail_event(alloc_flags));
             return None;
         }
         let mut zg = zone.lock();
+        // The mirror may be a moment old: decide on the exact count.
+        if zone.headroom(zg.nr_free, zg.nr_reserved_highatomic, alloc_flags) >> order == 0 {
+            drop(zg);
+            self.events[self.cpu()].inc(wmark_fail_event(alloc_flags));
+            return None;
+        }
         let idx = zg.rmqueue(&self.mem, zone.span, order, mt, alloc_flags)?;
         zg.events[VmEvent::PgAlloc as usize] += 1;
         if order > 0 && alloc_flags & ALLOC_HARDER != 0 {
@@ -751,6 +838,7 @@ impl<P: Platform> PageAlloc<P> {
         order: u32,
         ac: &AllocContext,
         hooks: &impl SlowPathHooks,
+        pg: u32,
     ) -> Result<Pfn, AllocError> {
         let cpu = self.cpu();
         self.events[cpu].inc(VmEvent::AllocSlowpath);
@@ -760,7 +848,7 @@ impl<P: Platform> PageAlloc<P> {
         let flags = ac.slow_flags;
         let attempt = |this: &Self| this.get_page_from_freelist(order, flags, ac);
         if let Some(idx) = attempt(self) {
-            return Ok(self.prep_new_page(idx, order, ac.mt));
+            return Ok(self.prep_new_page(idx, order, ac.mt, pg));
         }
         // Lazily freed pages count as free: merge them before going further (the
         // cheap first step). So do pages held on per-CPU lists, but draining every
@@ -777,7 +865,7 @@ impl<P: Platform> PageAlloc<P> {
             self.merge_all();
         }
         if let Some(idx) = attempt(self) {
-            return Ok(self.prep_new_page(idx, order, ac.mt));
+            return Ok(self.prep_new_page(idx, order, ac.mt, pg));
         }
         if ac.gfp.can_direct_reclaim() {
             // Linux's retry loop: compact at rising priority while compaction
@@ -795,13 +883,13 @@ impl<P: Platform> PageAlloc<P> {
                 };
                 if result == CompactResult::Success {
                     if let Some(pfn) = hooks.take_captured(order) {
-                        return Ok(self.prep_new_page(pfn.get() as u32, order, ac.mt));
+                        return Ok(self.prep_new_page(pfn.get() as u32, order, ac.mt, pg));
                     }
                 }
                 let reclaimed = hooks.direct_reclaim(order) > 0;
                 if result == CompactResult::Success || reclaimed {
                     if let Some(idx) = attempt(self) {
-                        return Ok(self.prep_new_page(idx, order, ac.mt));
+                        return Ok(self.prep_new_page(idx, order, ac.mt, pg));
                     }
                 }
                 if reclaimed && reclaim_retries < MAX_RECLAIM_RETRIES {
@@ -821,7 +909,7 @@ impl<P: Platform> PageAlloc<P> {
                 self.merge_all();
             }
             if let Some(idx) = attempt(self) {
-                return Ok(self.prep_new_page(idx, order, ac.mt));
+                return Ok(self.prep_new_page(idx, order, ac.mt, pg));
             }
         }
         let mut unreserved = false;
@@ -830,18 +918,26 @@ impl<P: Platform> PageAlloc<P> {
         }
         if unreserved {
             if let Some(idx) = attempt(self) {
-                return Ok(self.prep_new_page(idx, order, ac.mt));
+                return Ok(self.prep_new_page(idx, order, ac.mt, pg));
             }
         }
         self.events[self.cpu()].inc(VmEvent::AllocFail);
         Err(AllocError::NoMemory)
     }
 
-    /// Frees a block allocated with `order`. Refuses bad input without changing anything.
+    /// Frees a block allocated with `order` by a caller of `alloc_pages`
+    /// ([`Claim::User`]: a block of the layer above is refused). Refuses bad
+    /// input without changing anything.
     #[inline]
     pub fn free_pages(&self, pfn: Pfn, order: u32) -> Result<(), FreeError> {
-        let r = self.claim_for_free(pfn, order);
-        match r {
+        self.free_pages_claim(pfn, order, Claim::User)
+    }
+
+    /// Frees a block as `who`: the layer above frees its own blocks (allocated
+    /// with [`Self::alloc_owned_pages`]) with [`Claim::Owner`].
+    #[inline]
+    pub fn free_pages_claim(&self, pfn: Pfn, order: u32, who: Claim) -> Result<(), FreeError> {
+        match self.claim_for_free(pfn, order, who) {
             Ok(mt) => {
                 self.free_claimed(pfn.get() as u32, order, mt);
                 Ok(())
@@ -855,7 +951,12 @@ impl<P: Platform> PageAlloc<P> {
 
     /// Validates a free and takes ownership of the block; returns its migratetype.
     #[inline]
-    pub(crate) fn claim_for_free(&self, pfn: Pfn, order: u32) -> Result<usize, FreeError> {
+    pub(crate) fn claim_for_free(
+        &self,
+        pfn: Pfn,
+        order: u32,
+        who: Claim,
+    ) -> Result<usize, FreeError> {
         if order > MAX_ORDER {
             return Err(FreeError::InvalidOrder);
         }
@@ -871,6 +972,9 @@ impl<P: Platform> PageAlloc<P> {
         loop {
             if fl_state(f) != PageState::Alloc as u32 {
                 return Err(FreeError::NotAllocated);
+            }
+            if who == Claim::User && f & PG_OWNED != 0 {
+                return Err(FreeError::Owned);
             }
             if fl_order(f) != order {
                 return Err(FreeError::WrongOrder {
@@ -889,6 +993,21 @@ impl<P: Platform> PageAlloc<P> {
         Ok(fl_mt(f))
     }
 
+    /// The order of the allocated block headed by `pfn` if a caller of
+    /// `alloc_pages` may hold a reference on it: in range, the head of an
+    /// allocated block with a reference, not a block of the layer above.
+    pub fn user_block_order(&self, pfn: Pfn) -> Result<u32, FreeError> {
+        let p = self.page(pfn).ok_or(FreeError::OutOfRange)?;
+        let f = p.flags.load(Ordering::Acquire);
+        if fl_state(f) != PageState::Alloc as u32 || p.refcount.load(Ordering::Relaxed) == 0 {
+            return Err(FreeError::NotAllocated);
+        }
+        if f & PG_OWNED != 0 {
+            return Err(FreeError::Owned);
+        }
+        Ok(fl_order(f))
+    }
+
     /// Takes a reference on an allocated block (Linux's `get_page`): the block
     /// is not freed until a matching `put_page`. Used to pin a page during an access.
     #[inline]
@@ -898,24 +1017,33 @@ impl<P: Platform> PageAlloc<P> {
         }
     }
 
+    /// Drops a reference on an allocated head (Linux's `put_page_testzero`); if
+    /// it was the last, claims the block for freeing, whoever owns it, with
+    /// `order` (`None`: the order its head records) and returns the order and
+    /// migratetype. The one place a reference count reaches zero.
+    #[inline]
+    pub(crate) fn put_page_testzero(&self, pfn: Pfn, order: Option<u32>) -> Option<(u32, usize)> {
+        let p = self.mem.pages.get(pfn.get() as usize)?;
+        if p.refcount.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return None;
+        }
+        let order = order.unwrap_or_else(|| fl_order(p.flags.load(Ordering::Relaxed)));
+        // A refused claim (not an allocated head) leaves the count as it was.
+        p.refcount.fetch_add(1, Ordering::Relaxed);
+        let mt = self.claim_for_free(pfn, order, Claim::Owner).ok()?;
+        Some((order, mt))
+    }
+
     /// Drops a reference (Linux's `put_page`); the last one frees the block.
     /// Returns true if the block was freed.
     #[inline]
     pub fn put_page(&self, pfn: Pfn) -> bool {
-        let Some(p) = self.mem.pages.get(pfn.get() as usize) else {
-            return false;
-        };
-        if p.refcount.fetch_sub(1, Ordering::AcqRel) != 1 {
-            return false;
-        }
-        let f = p.flags.load(Ordering::Relaxed);
-        p.refcount.fetch_add(1, Ordering::Relaxed); // claim_for_free resets it
-        match self.claim_for_free(pfn, fl_order(f)) {
-            Ok(mt) => {
-                self.free_claimed(pfn.get() as u32, fl_order(f), mt);
+        match self.put_page_testzero(pfn, None) {
+            Some((order, mt)) => {
+                self.free_claimed(pfn.get() as u32, order, mt);
                 true
             }
-            Err(_) => false,
+            None => false,
         }
     }
 
@@ -926,14 +1054,7 @@ impl<P: Platform> PageAlloc<P> {
         let mut freed = 0;
         let mut pcp: Option<(usize, PcpGuard<'_>)> = None;
         for &(pfn, order) in blocks.iter().rev() {
-            let Some(p) = self.mem.pages.get(pfn.get() as usize) else {
-                continue;
-            };
-            if p.refcount.fetch_sub(1, Ordering::AcqRel) != 1 {
-                continue;
-            }
-            p.refcount.fetch_add(1, Ordering::Relaxed);
-            let Ok(mt) = self.claim_for_free(pfn, order) else {
+            let Some((_, mt)) = self.put_page_testzero(pfn, Some(order)) else {
                 continue;
             };
             freed += 1;

@@ -212,20 +212,34 @@ impl<P: Platform> Zone<P> {
     }
 
     /// Linux's `__zone_watermark_ok` on the page count (the per-order part is left
-    /// to `rmqueue`, which merges lazily freed pages on demand).
+    /// to `rmqueue`, which merges lazily freed pages on demand), read from the
+    /// mirror without the lock: may a request of `order` take its pages?
     #[inline]
     pub(crate) fn watermark_ok(&self, order: u32, alloc_flags: u32) -> bool {
-        let mut min = self.wmark[(alloc_flags & ALLOC_WMARK_MASK) as usize] as i64;
-        let mut free = self.nr_free_mirror.load(Ordering::Relaxed) as i64 - ((1i64 << order) - 1);
+        let free = self.nr_free_mirror.load(Ordering::Relaxed);
+        let ha = self.nr_highatomic_mirror.load(Ordering::Relaxed);
+        self.headroom(free, ha, alloc_flags) >> order != 0
+    }
+
+    /// Pages a request with `alloc_flags` may take in all from a zone holding
+    /// `free` pages on its buddy lists (`ha` of them in the high-atomic reserve)
+    /// and still leave it at or above its watermark: Linux's
+    /// `free - (2^order - 1) > mark` is `headroom >= 2^order`. Per-CPU refills
+    /// take at most this many under the zone lock, so no path (per-CPU lists and
+    /// caches included) takes the zone below the mark of the request.
+    #[inline]
+    pub(crate) fn headroom(&self, free: u64, ha: u64, alloc_flags: u32) -> u64 {
+        let mut min = self.wmark[(alloc_flags & ALLOC_WMARK_MASK) as usize];
         if alloc_flags & ALLOC_HIGH != 0 {
             min -= min / 2;
         }
-        if alloc_flags & ALLOC_HARDER != 0 {
+        let usable = if alloc_flags & ALLOC_HARDER != 0 {
             min -= min / 4;
+            free
         } else {
-            free -= self.nr_highatomic_mirror.load(Ordering::Relaxed) as i64;
-        }
-        free > min
+            free.saturating_sub(ha)
+        };
+        usable.saturating_sub(min)
     }
 }
 

@@ -44,7 +44,7 @@ pub use platform::{rseq_aborts, StdPlatform};
 pub use space::{MapFlags, Space, SpaceStats, Translation, MMAP_BASE, SPARSE_TOUCH_BYTES};
 
 use compaction::{AllocHooks, CompactConfig, Kcompactd};
-use mmkit_core::{AllocError, FreeError, PageAlloc};
+use mmkit_core::{AllocError, Claim, FreeError, PageAlloc};
 
 /// Errors of the mmkit API. Every refused call changed nothing.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -95,6 +95,15 @@ pub enum Error {
         allocated: u32,
         /// The order given to free.
         given: u32,
+    },
+    /// The block belongs to an address space (its fault path or page table
+    /// allocated it): only that space releases it, when it unmaps.
+    #[error(
+        "pfn {pfn} belongs to an address space (a mapped or page-table page); only blocks from alloc_pages can be freed or pinned by a caller"
+    )]
+    OwnedBySpace {
+        /// The pfn given.
+        pfn: u64,
     },
     /// The arena could not be mapped.
     #[error("arena: {0}")]
@@ -435,6 +444,7 @@ fn free_err(e: FreeError, pfn: Pfn, order: u32) -> Error {
             allocated,
             given: order,
         },
+        FreeError::Owned => Error::OwnedBySpace { pfn },
     }
 }
 
@@ -460,11 +470,28 @@ impl Mm {
     /// Allocates 2^order contiguous pages.
     #[inline]
     pub fn alloc_pages(&self, gfp: Gfp, order: u32) -> Result<Pfn, Error> {
-        match self
+        let r = self
             .inner
             .alloc
-            .alloc_pages(gfp, order, &AllocHooks::new(self))
-        {
+            .alloc_pages(gfp, order, &AllocHooks::new(self));
+        self.finish_alloc(r, gfp, order)
+    }
+
+    /// `alloc_pages` for this crate's own use (data and table pages of address
+    /// spaces): the block carries `PG_OWNED`, so a caller's `free_pages`,
+    /// `get_page` and `put_page` refuse it ([`Error::OwnedBySpace`]).
+    #[inline]
+    pub(crate) fn alloc_owned_pages(&self, gfp: Gfp, order: u32) -> Result<Pfn, Error> {
+        let r = self
+            .inner
+            .alloc
+            .alloc_owned_pages(gfp, order, &AllocHooks::new(self));
+        self.finish_alloc(r, gfp, order)
+    }
+
+    #[inline]
+    fn finish_alloc(&self, r: Result<Pfn, AllocError>, gfp: Gfp, order: u32) -> Result<Pfn, Error> {
+        match r {
             Ok(pfn) => {
                 if gfp.contains(Gfp::ZERO) {
                     // SAFETY: the block is ours, 2^order pages inside the arena.
@@ -483,7 +510,17 @@ impl Mm {
         }
     }
 
+    /// Up to `out.len()` owned order-0 pages on the fast path only (see
+    /// `PageAlloc::alloc_pages_bulk`); returns how many were written.
+    #[inline]
+    pub(crate) fn alloc_owned_pages_bulk(&self, gfp: Gfp, out: &mut [Pfn]) -> usize {
+        self.inner.alloc.alloc_owned_pages_bulk(gfp, out)
+    }
+
     /// Frees a block; bad input is refused with an error and changes nothing.
+    /// Only blocks `alloc_pages` handed out can be freed: a page an address
+    /// space maps, or one of its table pages, is refused with
+    /// [`Error::OwnedBySpace`].
     #[inline]
     pub fn free_pages(&self, pfn: Pfn, order: u32) -> Result<(), Error> {
         self.inner
@@ -492,21 +529,48 @@ impl Mm {
             .map_err(|e| free_err(e, pfn, order))
     }
 
-    /// Takes a reference on an allocated block (pins it until `put_page`).
+    /// Frees a block this crate allocated for its own use (`alloc_owned_pages`).
     #[inline]
-    pub fn get_page(&self, pfn: Pfn) {
+    pub(crate) fn free_owned_pages(&self, pfn: Pfn, order: u32) -> Result<(), Error> {
+        self.inner
+            .alloc
+            .free_pages_claim(pfn, order, Claim::Owner)
+            .map_err(|e| free_err(e, pfn, order))
+    }
+
+    /// Takes a reference on a block `alloc_pages` handed out: it is not freed
+    /// until a matching `put_page`. Refused (and nothing changes) for a pfn that
+    /// does not head an allocated block, or one that belongs to an address space.
+    pub fn get_page(&self, pfn: Pfn) -> Result<(), Error> {
+        let a = &self.inner.alloc;
+        a.user_block_order(pfn).map_err(|e| free_err(e, pfn, 0))?;
+        a.get_page(pfn);
+        Ok(())
+    }
+
+    /// Drops a reference taken by `alloc_pages` or `get_page`; the last one frees
+    /// the block (`Ok(true)`). Refused like `get_page`.
+    pub fn put_page(&self, pfn: Pfn) -> Result<bool, Error> {
+        let a = &self.inner.alloc;
+        a.user_block_order(pfn).map_err(|e| free_err(e, pfn, 0))?;
+        Ok(a.put_page(pfn))
+    }
+
+    /// Pins a block this crate maps (a reference for the length of an access).
+    #[inline]
+    pub(crate) fn pin_page(&self, pfn: Pfn) {
         self.inner.alloc.get_page(pfn)
     }
 
-    /// Drops a reference; the last one frees the block. True if it was freed.
+    /// Drops a pin or a mapping's reference; the last one frees the block.
     #[inline]
-    pub fn put_page(&self, pfn: Pfn) -> bool {
+    pub(crate) fn unpin_page(&self, pfn: Pfn) -> bool {
         self.inner.alloc.put_page(pfn)
     }
 
     /// Drops a reference on each block, freeing those that reach zero in one
-    /// batch. Returns the number freed.
-    pub fn put_pages_bulk(&self, blocks: &[(Pfn, u32)]) -> usize {
+    /// batch (an address space's mmu_gather). Returns the number freed.
+    pub(crate) fn put_pages_bulk(&self, blocks: &[(Pfn, u32)]) -> usize {
         self.inner.alloc.put_pages_bulk(blocks)
     }
 

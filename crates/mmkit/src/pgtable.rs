@@ -378,7 +378,7 @@ pub(crate) fn used(mm: &Mm, table_pfn: Pfn) -> &AtomicU64 {
 
 /// Allocates a zeroed table page with a used-entry count of 0.
 pub(crate) fn alloc_table(mm: &Mm) -> Result<Pfn, Error> {
-    let pfn = mm.alloc_pages(Gfp::KERNEL | Gfp::ZERO, 0)?;
+    let pfn = mm.alloc_owned_pages(Gfp::KERNEL | Gfp::ZERO, 0)?;
     let d = desc(mm, pfn);
     d.private.store(0, Ordering::Relaxed);
     d.mapping.store(0, Ordering::Relaxed);

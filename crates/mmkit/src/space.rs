@@ -550,7 +550,7 @@ struct PagePin<'a> {
 }
 impl Drop for PagePin<'_> {
     fn drop(&mut self) {
-        self.mm.put_page(self.head);
+        self.mm.unpin_page(self.head);
     }
 }
 
@@ -778,7 +778,7 @@ impl Space {
                 continue;
             }
             // Pinned while the VMA lock still keeps unmap away.
-            mm.get_page(t.head);
+            mm.pin_page(t.head);
             break (t, lock);
         };
         let _pin = PagePin { mm, head: t.head };
@@ -1072,7 +1072,7 @@ impl SpaceInner {
             Err(cur) => {
                 // Lost the race: the winner's table (or huge page) is there.
                 self.mm
-                    .free_pages(new, 0)
+                    .free_owned_pages(new, 0)
                     .expect("freeing our own unpublished table page");
                 let cur = Pte::from_raw(cur);
                 Ok((!cur.is_huge()).then(|| cur.pfn()))
@@ -1204,13 +1204,11 @@ impl SpaceInner {
             }
         }
         let mut pfns = [Pfn::new(0); MAX_AROUND];
-        let mut n = mm
-            .page_alloc()
-            .alloc_pages_bulk(Gfp::MOVABLE, &mut pfns[..want]);
+        let mut n = mm.alloc_owned_pages_bulk(Gfp::MOVABLE, &mut pfns[..want]);
         if n == 0 {
             // The lists and the zone's fast path are empty: the faulting page
             // through the slow path (reclaim, compaction, the error).
-            pfns[0] = mm.alloc_pages(Gfp::MOVABLE, 0)?;
+            pfns[0] = mm.alloc_owned_pages(Gfp::MOVABLE, 0)?;
             n = 1;
         }
         let off = (addr % PAGE) as usize;
@@ -1237,7 +1235,7 @@ impl SpaceInner {
                 Err(_) => {
                     // A racing fault installed its own page here.
                     rmap::clear(mm, *pfn);
-                    mm.free_pages(*pfn, 0)
+                    mm.free_owned_pages(*pfn, 0)
                         .expect("freeing our own unpublished page");
                 }
             }
@@ -1262,7 +1260,7 @@ impl SpaceInner {
         len: usize,
     ) -> bool {
         let mm = &self.mm;
-        let Ok(pfn) = mm.alloc_pages(Gfp::MOVABLE | Gfp::NOWARN, HPAGE_PMD_ORDER) else {
+        let Ok(pfn) = mm.alloc_owned_pages(Gfp::MOVABLE | Gfp::NOWARN, HPAGE_PMD_ORDER) else {
             return false;
         };
         let haddr = addr & !(PMD_SIZE - 1);
@@ -1298,7 +1296,7 @@ impl SpaceInner {
             }
             Err(_) => {
                 rmap::clear(mm, pfn);
-                mm.free_pages(pfn, HPAGE_PMD_ORDER)
+                mm.free_owned_pages(pfn, HPAGE_PMD_ORDER)
                     .expect("freeing our own unpublished huge page");
             }
         }

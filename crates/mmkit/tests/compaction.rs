@@ -353,7 +353,7 @@ fn pinned_pages_and_pages_in_use_never_move() {
         let (pinned_va, pinned) = low[0];
         let (busy_va, busy) = low[1];
         let (other_va, other) = low[2];
-        mm.get_page(pinned);
+        mm.get_page(pinned).unwrap();
         // A thread inside with_page on `busy` for the whole compaction.
         let (started_tx, started_rx) = mpsc::channel();
         let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -395,7 +395,7 @@ fn pinned_pages_and_pages_in_use_never_move() {
         let mut page = vec![0u8; PAGE_SIZE];
         s.read(pinned_va, &mut page).unwrap();
         assert_eq!(page_version((pinned_va - a) / PAGE, &page), Some(0));
-        mm.put_page(pinned);
+        mm.put_page(pinned).unwrap();
         // Unpinned, it moves.
         mm.compact_memory();
         check(&mm);
