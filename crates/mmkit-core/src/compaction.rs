@@ -56,6 +56,7 @@ use crate::page::{
     PAGEBLOCK_ORDER, PG_OWNED,
 };
 use crate::page_alloc::PageAlloc;
+use crate::page_alloc::PAGE_ALLOC_COSTLY_ORDER;
 use crate::platform::Platform;
 use crate::stat::VmEvent;
 
@@ -72,10 +73,6 @@ pub const DEFAULT_PROACTIVENESS: u32 = 20;
 /// (Linux's kcompactd stops at one). The requests that woke it keep coming: with
 /// one block, each finds the block taken by the one before and compacts itself.
 pub const KCOMPACTD_GOAL_BLOCKS: u32 = 8;
-/// Highest order with per-CPU lists (Linux's `PAGE_ALLOC_COSTLY_ORDER`): above
-/// it the fragmentation index is consulted, and requests may fail rather than
-/// retry compaction at every priority.
-pub const PAGE_ALLOC_COSTLY_ORDER: u32 = 3;
 const PB: u32 = PAGEBLOCK_NR_PAGES as u32;
 /// Pages freed per zone-lock hold when giving pages back.
 const FREE_CHUNK: usize = 256;

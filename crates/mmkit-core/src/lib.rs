@@ -34,5 +34,6 @@ pub use page::{
     Page, PageState, Pfn, MAX_ORDER, NR_ORDERS, PAGEBLOCK_NR_PAGES, PAGEBLOCK_ORDER, PAGE_SHIFT,
     PAGE_SIZE, PG_OWNED,
 };
-pub use platform::{PcpLock, Platform};
+pub use pcp::PcpLock;
+pub use platform::Platform;
 pub use stat::{LockStats, VmEvent, VmEvents, NR_VM_EVENTS};

@@ -24,11 +24,19 @@ use core::cell::UnsafeCell;
 use core::ops::{Deref, DerefMut};
 use core::sync::atomic::{AtomicU32, Ordering};
 
+#[cfg(not(loom))]
+use core::sync::atomic::AtomicBool;
+#[cfg(not(loom))]
+use core::sync::atomic::Ordering as LockOrdering;
+#[cfg(loom)]
+use loom::sync::atomic::AtomicBool;
+#[cfg(loom)]
+use loom::sync::atomic::Ordering as LockOrdering;
+
 use alloc::boxed::Box;
 use alloc::vec;
 
 use crate::gfp::MIGRATE_PCPTYPES;
-use crate::platform::PcpLock;
 use crate::stat::NR_VM_EVENTS;
 
 /// Highest order kept on per-CPU lists (Linux's PAGE_ALLOC_COSTLY_ORDER).
@@ -190,5 +198,50 @@ impl PerCpuPages {
     pub(crate) fn lock(&self, relax: impl Fn()) -> PcpGuard<'_> {
         self.lock.lock(relax);
         PcpGuard { pcp: self }
+    }
+}
+
+/// Lock of one per-CPU page list set: a test-and-set word that the owner takes
+/// with `try_lock` (never waits: on failure the caller goes to the zone
+/// directly, as Linux's `pcp_spin_trylock` does) and a remote drainer takes by
+/// spinning. Under `--cfg loom` its atomics are loom's, for the model in
+/// `tests/loom_pcp.rs`.
+pub struct PcpLock {
+    locked: AtomicBool,
+}
+
+impl Default for PcpLock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PcpLock {
+    /// An unlocked lock.
+    pub fn new() -> Self {
+        PcpLock {
+            locked: AtomicBool::new(false),
+        }
+    }
+    /// Takes the lock if free.
+    #[inline]
+    pub fn try_lock(&self) -> bool {
+        self.locked
+            .compare_exchange(false, true, LockOrdering::Acquire, LockOrdering::Relaxed)
+            .is_ok()
+    }
+    /// Takes the lock, calling `relax` while another holder has it.
+    #[inline]
+    pub fn lock(&self, relax: impl Fn()) {
+        while !self.try_lock() {
+            while self.locked.load(LockOrdering::Relaxed) {
+                relax();
+            }
+        }
+    }
+    /// Releases the lock.
+    #[inline]
+    pub fn unlock(&self) {
+        self.locked.store(false, LockOrdering::Release);
     }
 }

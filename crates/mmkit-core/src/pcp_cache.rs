@@ -43,7 +43,8 @@ use alloc::boxed::Box;
 use alloc::vec::Vec;
 
 use crate::gfp::MIGRATE_PCPTYPES;
-use crate::platform::{PcpLock, Platform};
+use crate::pcp::PcpLock;
+use crate::platform::Platform;
 
 /// Page indices one cache list holds.
 pub const PCP_CACHE_SLOTS: usize = 60;

@@ -6,15 +6,8 @@
 //! pause hint for spinning, and the raw lock type used for zone locks (a kernel
 //! plugs in its spinlock; the std runtime a spin-then-park mutex).
 //!
-//! Also here: the small per-CPU list lock ([`PcpLock`]), a test-and-set word that
-//! the owner takes with `try_lock` (never waits: on failure the caller goes to the
-//! zone directly, as Linux's `pcp_spin_trylock` does) and a remote drainer takes by
-//! spinning.
-
-#[cfg(not(loom))]
-pub(crate) use core::sync::atomic::{AtomicBool, Ordering};
-#[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, Ordering};
+//! The per-CPU list lock ([`crate::pcp::PcpLock`]) lives beside the lists it
+//! protects.
 
 /// What the environment provides to the core.
 pub trait Platform: 'static {
@@ -108,45 +101,4 @@ pub trait Platform: 'static {
     /// `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)`). Called after setting
     /// `fenced` on cache lists, so that later sequences see it.
     fn cache_fence() {}
-}
-
-/// Lock of one per-CPU page list set.
-pub struct PcpLock {
-    locked: AtomicBool,
-}
-
-impl Default for PcpLock {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl PcpLock {
-    /// An unlocked lock.
-    pub fn new() -> Self {
-        PcpLock {
-            locked: AtomicBool::new(false),
-        }
-    }
-    /// Takes the lock if free.
-    #[inline]
-    pub fn try_lock(&self) -> bool {
-        self.locked
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-    }
-    /// Takes the lock, calling `relax` while another holder has it.
-    #[inline]
-    pub fn lock(&self, relax: impl Fn()) {
-        while !self.try_lock() {
-            while self.locked.load(Ordering::Relaxed) {
-                relax();
-            }
-        }
-    }
-    /// Releases the lock.
-    #[inline]
-    pub fn unlock(&self) {
-        self.locked.store(false, Ordering::Release);
-    }
 }

@@ -1,0 +1,121 @@
+//! The allocation slow path (Linux's `__alloc_pages_slowpath`): wake kswapd
+//! (hook), retry at the min watermark (atomic requests may go lower: half of min
+//! for `__GFP_HIGH`, a further quarter when they cannot sleep), merge what lazy
+//! merging skipped (merge on demand; not under `LazyNoMerge`) after draining
+//! every CPU's lists and caches for orders up to 3, try compaction (hooks; a
+//! block the compaction captured is returned at once) and reclaim, and compact
+//! again at a higher priority while `should_compact_retry` says a retry can help
+//! (bounded). A costly order (above 3) drains the lists only then, as Linux
+//! drains after reclaim failed (a drain of every list is thousands of pages
+//! under auto-tuned `high`, and the faulting CPUs refill them at once). Then give
+//! back high-atomic reserves, and only then report out of memory: every path to
+//! `NoMemory` has drained every CPU's lists and caches and retried.
+//!
+//! Locking: none of its own; the hooks run with no allocator lock held.
+
+use super::{AllocError, PageAlloc, SlowPathHooks, PAGE_ALLOC_COSTLY_ORDER};
+use crate::compaction::{should_compact_retry, CompactPriority, CompactResult};
+use crate::gfp::{AllocContext, MigrateType};
+use crate::page::Pfn;
+use crate::platform::Platform;
+use crate::stat::VmEvent;
+
+/// Extra slow-path rounds a request gets because direct reclaim made progress
+/// (bounded; reclaim is a hook of the layer above).
+const MAX_RECLAIM_RETRIES: u32 = 3;
+
+impl<P: Platform> PageAlloc<P> {
+    #[cold]
+    #[inline(never)]
+    pub(super) fn alloc_slowpath(
+        &self,
+        order: u32,
+        ac: &AllocContext,
+        hooks: &impl SlowPathHooks,
+        pg: u32,
+    ) -> Result<Pfn, AllocError> {
+        let cpu = self.cpu();
+        self.events[cpu].inc(VmEvent::AllocSlowpath);
+        if ac.gfp.can_wake_kswapd() {
+            hooks.wake_kswapd(order);
+        }
+        let flags = ac.slow_flags;
+        let attempt = |this: &Self| this.get_page_from_freelist(order, flags, ac);
+        if let Some(idx) = attempt(self) {
+            return Ok(self.prep_new_page(idx, order, ac.mt, pg));
+        }
+        // Lazily freed pages count as free: merge them before going further (the
+        // cheap first step). So do pages held on per-CPU lists, but draining every
+        // CPU's lists is not cheap (thousands of pages under auto-tuned `high`,
+        // each a cache miss and a zone-lock hold per chunk) and empties the lists
+        // of CPUs that are busy faulting: as Linux does, a costly order tries
+        // direct compaction first and drains only when that failed (Linux drains
+        // after reclaim made no progress), while small orders drain at once.
+        let costly = order > PAGE_ALLOC_COSTLY_ORDER;
+        if !costly {
+            self.drain_all_pages();
+        }
+        if self.cfg.merge.merges_on_demand() {
+            self.merge_all();
+        }
+        if let Some(idx) = attempt(self) {
+            return Ok(self.prep_new_page(idx, order, ac.mt, pg));
+        }
+        if ac.gfp.can_direct_reclaim() {
+            // Linux's retry loop: compact at rising priority while compaction
+            // failed or withdrew without having seen the whole zone, or while it
+            // succeeded but another task took the block (`should_compact_retry`,
+            // bounded); reclaim progress also earns a bounded retry.
+            let mut prio = CompactPriority::INIT;
+            let mut compact_retries = 0;
+            let mut reclaim_retries = 0;
+            loop {
+                let result = if order > 0 {
+                    hooks.direct_compact(order, MigrateType::from_index(ac.mt), prio)
+                } else {
+                    CompactResult::Skipped
+                };
+                if result == CompactResult::Success {
+                    if let Some(pfn) = hooks.take_captured(order) {
+                        return Ok(self.prep_new_page(pfn.get() as u32, order, ac.mt, pg));
+                    }
+                }
+                let reclaimed = hooks.direct_reclaim(order) > 0;
+                if result == CompactResult::Success || reclaimed {
+                    if let Some(idx) = attempt(self) {
+                        return Ok(self.prep_new_page(idx, order, ac.mt, pg));
+                    }
+                }
+                if reclaimed && reclaim_retries < MAX_RECLAIM_RETRIES {
+                    reclaim_retries += 1;
+                    continue;
+                }
+                if !should_compact_retry(order, result, &mut prio, &mut compact_retries) {
+                    break;
+                }
+            }
+        }
+        if costly {
+            // Compaction could not build the block: the per-CPU lists are the
+            // free memory left to try.
+            self.drain_all_pages();
+            if self.cfg.merge.merges_on_demand() {
+                self.merge_all();
+            }
+            if let Some(idx) = attempt(self) {
+                return Ok(self.prep_new_page(idx, order, ac.mt, pg));
+            }
+        }
+        let mut unreserved = false;
+        for z in self.zones.iter() {
+            unreserved |= z.lock().unreserve_highatomic(&self.mem, z.span, ac.mt);
+        }
+        if unreserved {
+            if let Some(idx) = attempt(self) {
+                return Ok(self.prep_new_page(idx, order, ac.mt, pg));
+            }
+        }
+        self.events[self.cpu()].inc(VmEvent::AllocFail);
+        Err(AllocError::NoMemory)
+    }
+}
