@@ -132,11 +132,9 @@ macro_rules! per_variant_and_merge {
     )*};
 }
 
-/// Pin the calling thread to the CPU it is on. mmkit picks the per-CPU list
-/// by `sched_getcpu`, and pages on those lists are handed out without a
-/// watermark check (one check per refill batch, as in Linux): a migration in
-/// the middle of an exhaustion run would move the exact point where
-/// `NoMemory` comes by up to a batch. Tests that compare exact counts pin.
+/// Pin the calling thread to the CPU it is on (mmkit picks the per-CPU list by
+/// `sched_getcpu`), for tests that want one CPU's lists to see every call. The
+/// exact counts of exhaustion do not depend on it (tests/limits.rs does not pin).
 pub fn pin_to_current_cpu() {
     // SAFETY: plain libc calls on a zeroed cpu_set_t owned by this frame.
     unsafe {
