@@ -50,7 +50,7 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use mmkit_core::compaction::{COMPACT_CLUSTER_MAX, KCOMPACTD_GOAL_BLOCKS};
@@ -58,6 +58,7 @@ use mmkit_core::{
     CompactControl, CompactMode, CompactPriority, CompactResult, CompactStats, SlowPathHooks,
 };
 
+use crate::kthread::Kthread;
 use crate::migrate::{migrate_page, MigrateError};
 use crate::pgtable::desc;
 use crate::{rmap, MigrateType, Mm, MmInner, Pfn, Space, VmEvent};
@@ -320,7 +321,8 @@ pub(crate) fn try_to_compact_pages(
 
 /// The allocator's slow-path hooks of one `Mm::alloc_pages` call: direct
 /// compaction, with the captured block kept until the slow path takes it (or
-/// freed if it does not), and kcompactd's wake-up.
+/// freed if it does not), and kcompactd's wake-up (`wake_kswapd` is a no-op:
+/// there is no kswapd yet).
 pub(crate) struct AllocHooks<'a> {
     mm: &'a Mm,
     captured: Cell<Option<(Pfn, u32)>>,
@@ -337,10 +339,10 @@ impl<'a> AllocHooks<'a> {
 }
 
 impl SlowPathHooks for AllocHooks<'_> {
-    fn wake_kswapd(&self, order: u32) {
-        if order > 0 {
-            self.mm.wakeup_kcompactd(order);
-        }
+    // `wake_kswapd` stays the default no-op until there is a kswapd.
+
+    fn wake_kcompactd(&self, order: u32) {
+        self.mm.wakeup_kcompactd(order);
     }
 
     fn direct_compact(&self, order: u32, mt: MigrateType, prio: CompactPriority) -> CompactResult {
@@ -376,76 +378,29 @@ impl Drop for AllocHooks<'_> {
     }
 }
 
-/// The wake-up state of kcompactd.
-#[derive(Default)]
-struct KcState {
-    stop: bool,
-    /// Highest order asked for since the last run (0: none).
-    order: u32,
-}
-
-/// kcompactd's control block, shared by the `Mm` and the thread.
-#[derive(Default)]
-pub(crate) struct Kcompactd {
-    state: Mutex<KcState>,
-    cv: Condvar,
-}
-
-impl Kcompactd {
-    fn lock(&self) -> std::sync::MutexGuard<'_, KcState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Asks for a run for `order` (Linux's `wakeup_kcompactd`).
-    fn wake(&self, order: u32) {
-        let mut s = self.lock();
-        if order > s.order {
-            s.order = order;
-            self.cv.notify_one();
-        }
-    }
-
-    /// Stops the thread (the `Mm` is being dropped).
-    pub(crate) fn stop(&self) {
-        self.lock().stop = true;
-        self.cv.notify_all();
-    }
-}
-
-/// Starts kcompactd for `inner` (holding it only weakly between runs).
-pub(crate) fn spawn_kcompactd(inner: &Arc<MmInner>, kc: Arc<Kcompactd>) {
+/// Starts kcompactd for `inner` on its handle `kc` (holding the `Mm` only weakly
+/// between runs): a run for the order it was woken with, or, on its period
+/// without a wake-up, a proactive check.
+pub(crate) fn start_kcompactd(inner: &Arc<MmInner>, kc: &Kthread<u32>) {
     let weak: Weak<MmInner> = Arc::downgrade(inner);
     let proactiveness = inner.compact.proactiveness.min(100);
-    std::thread::Builder::new()
-        .name("mmkit-kcompactd".into())
-        .spawn(move || {
-            let mut backoff = 0u32;
-            loop {
-                let order = {
-                    let s = kc.lock();
-                    let (mut s, _) = kc
-                        .cv
-                        .wait_timeout_while(s, PROACTIVE_INTERVAL, |s| !s.stop && s.order == 0)
-                        .unwrap_or_else(|e| e.into_inner());
-                    if s.stop {
-                        return;
-                    }
-                    std::mem::take(&mut s.order)
-                };
-                let Some(inner) = weak.upgrade() else { return };
-                let mm = Mm { inner };
-                if order > 0 {
-                    kcompactd_do_work(&mm, order);
-                } else if proactiveness > 0 {
-                    if backoff > 0 {
-                        backoff -= 1;
-                    } else if !proactive_compact(&mm, proactiveness) {
-                        backoff = PROACTIVE_BACKOFF;
-                    }
-                }
+    let mut backoff = 0u32;
+    kc.start("mmkit-kcompactd", PROACTIVE_INTERVAL, move |order| {
+        let Some(inner) = weak.upgrade() else {
+            return false;
+        };
+        let mm = Mm { inner };
+        if order > 0 {
+            kcompactd_do_work(&mm, order);
+        } else if proactiveness > 0 {
+            if backoff > 0 {
+                backoff -= 1;
+            } else if !proactive_compact(&mm, proactiveness) {
+                backoff = PROACTIVE_BACKOFF;
             }
-        })
-        .ok();
+        }
+        true
+    });
 }
 
 /// Linux's `kcompactd_do_work`: background compaction for `order`.
@@ -544,7 +499,7 @@ impl Mm {
     /// `nr_free_pages()` exact after dropping its spaces calls this first.
     pub fn wait_compaction_idle(&self) {
         if let Some(kc) = &self.inner.kcompactd {
-            kc.lock().order = 0;
+            kc.cancel_work();
         }
         while self.inner.compacting.load(Ordering::Acquire) > 0 {
             std::thread::sleep(Duration::from_millis(1));
@@ -588,7 +543,14 @@ impl Mm {
         };
         let fi = self.page_alloc().fragmentation_index(0, order);
         if fi > mmkit_core::compaction::EXTFRAG_THRESHOLD {
-            kc.wake(order);
+            // The highest order asked for since the last run.
+            kc.wake(|pending| {
+                let raise = order > *pending;
+                if raise {
+                    *pending = order;
+                }
+                raise
+            });
         }
     }
 }

@@ -107,6 +107,8 @@ pub enum Claim {
 pub trait SlowPathHooks {
     /// Wake the background reclaimer.
     fn wake_kswapd(&self, _order: u32) {}
+    /// Wake the background compactor for a request of `order` (> 0).
+    fn wake_kcompactd(&self, _order: u32) {}
     /// Try direct compaction for a block of `order` at priority `prio` (Linux's
     /// `__alloc_pages_direct_compact`); `Success` if a free block of the order
     /// is there (possibly captured, see `take_captured`).

@@ -38,6 +38,9 @@ impl<P: Platform> PageAlloc<P> {
         self.events[cpu].inc(VmEvent::AllocSlowpath);
         if ac.gfp.can_wake_kswapd() {
             hooks.wake_kswapd(order);
+            if order > 0 {
+                hooks.wake_kcompactd(order);
+            }
         }
         let flags = ac.slow_flags;
         let attempt = |this: &Self| this.get_page_from_freelist(order, flags, ac);

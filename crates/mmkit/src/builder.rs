@@ -1,0 +1,284 @@
+//! Building an [`Mm`]: [`MmBuilder`] (the arena, the policies, clearing,
+//! fault-around, compaction) and [`Variant`], the named policy sets the lab
+//! compares. `build` maps the arena, builds the core allocator and starts the
+//! background threads (the vmstat worker under auto-tuned per-CPU `high`, and
+//! kcompactd).
+//!
+//! Invariants: a builder is plain data until `build`; a refused `build` leaves
+//! nothing behind (no mapping, no thread). No lock.
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mmkit_core::{
+    Config, MergePolicy, PageAlloc, PcpHighPolicy, PcpPolicy, RefillPolicy, PAGE_SIZE,
+};
+
+use crate::compaction::{self, CompactConfig};
+use crate::kthread::Kthread;
+use crate::{arena, platform, ClearStrategy, Error, Mm, MmInner, StdPlatform};
+
+/// The named policy sets the lab compares.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// The best defaults: PCP with auto-tuned high, lazy order-0 merging with merge
+    /// on demand, cluster refill.
+    Mmkit,
+    /// Linux before the zone-lock work: PCP with fixed high, eager merging,
+    /// page-by-page refill.
+    MmkitEager,
+    /// No per-CPU lists, eager merging: every call takes the zone lock.
+    MmkitNoPcp,
+    /// `Mmkit` with lazy order-0 merging but no merge on demand
+    /// (`MergePolicy::LazyNoMerge`): Linux's first skip-merge patch alone, fast for
+    /// order 0 and poor for huge pages; compaction migrates as for the others but
+    /// has no merge step.
+    MmkitNoMerge,
+}
+
+impl Variant {
+    /// All variants.
+    pub const ALL: [Variant; 4] = [
+        Variant::Mmkit,
+        Variant::MmkitEager,
+        Variant::MmkitNoPcp,
+        Variant::MmkitNoMerge,
+    ];
+    /// The lab name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Variant::Mmkit => "mmkit",
+            Variant::MmkitEager => "mmkit-eager",
+            Variant::MmkitNoPcp => "mmkit-nopcp",
+            Variant::MmkitNoMerge => "mmkit-nomerge",
+        }
+    }
+    /// From a lab name.
+    pub fn from_name(s: &str) -> Option<Variant> {
+        Variant::ALL.into_iter().find(|v| v.name() == s)
+    }
+    /// Anonymous fault-around batch: 16 pages for the mmkit policies, off (1) for
+    /// the Linux baselines.
+    pub const fn fault_around(self) -> usize {
+        match self {
+            Variant::Mmkit | Variant::MmkitNoMerge => 16,
+            Variant::MmkitEager | Variant::MmkitNoPcp => 1,
+        }
+    }
+    fn apply(self, c: &mut Config) {
+        let (pcp, merge, refill, high) = match self {
+            Variant::Mmkit => (
+                PcpPolicy::On,
+                MergePolicy::Lazy,
+                RefillPolicy::Cluster,
+                PcpHighPolicy::Auto,
+            ),
+            Variant::MmkitEager => (
+                PcpPolicy::On,
+                MergePolicy::Eager,
+                RefillPolicy::PageByPage,
+                PcpHighPolicy::Fixed,
+            ),
+            Variant::MmkitNoPcp => (
+                PcpPolicy::Off,
+                MergePolicy::Eager,
+                RefillPolicy::PageByPage,
+                PcpHighPolicy::Fixed,
+            ),
+            Variant::MmkitNoMerge => (
+                PcpPolicy::On,
+                MergePolicy::LazyNoMerge,
+                RefillPolicy::Cluster,
+                PcpHighPolicy::Auto,
+            ),
+        };
+        c.pcp = pcp;
+        // The lock-free per-CPU caches are mmkit's; the baselines are Linux's lists.
+        c.pcp_cache = matches!(self, Variant::Mmkit | Variant::MmkitNoMerge);
+        c.merge = merge;
+        c.refill = refill;
+        c.pcp_high = high;
+    }
+}
+
+/// Builds an [`Mm`]: the arena's size and backing, the policies (one by one or as a
+/// [`Variant`]), clearing, fault-around and compaction.
+#[derive(Clone, Debug)]
+pub struct MmBuilder {
+    memory: Option<usize>,
+    cfg: Config,
+    hugetlb: bool,
+    prefault: bool,
+    clear: ClearStrategy,
+    fault_around: usize,
+    compact: CompactConfig,
+}
+
+/// A quarter of RAM, capped at 4 GiB.
+fn default_memory() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, psize) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let ram = (pages.max(0) as usize).saturating_mul(psize.max(0) as usize);
+    (ram / 4).clamp(64 << 20, 4 << 30)
+}
+
+impl MmBuilder {
+    /// The `mmkit` variant's policies and one per-CPU slot per CPU.
+    pub(crate) fn new() -> Self {
+        let mut cfg = Config {
+            nr_cpus: platform::nr_cpus(),
+            ..Config::default()
+        };
+        Variant::Mmkit.apply(&mut cfg);
+        MmBuilder {
+            memory: None,
+            cfg,
+            hugetlb: false,
+            prefault: false,
+            clear: ClearStrategy::Auto,
+            fault_around: Variant::Mmkit.fault_around(),
+            compact: CompactConfig::default(),
+        }
+    }
+
+    /// Arena size in bytes (rounded down to 4 KiB; at least 2 MiB).
+    pub fn memory(mut self, bytes: usize) -> Self {
+        self.memory = Some(bytes);
+        self
+    }
+    /// A named policy set.
+    pub fn variant(mut self, v: Variant) -> Self {
+        v.apply(&mut self.cfg);
+        self.fault_around = v.fault_around();
+        self
+    }
+    /// Anonymous fault-around: a fault on an order-0 mapping also populates up to
+    /// `pages - 1` following empty entries of the same page table and mapping, in
+    /// one batch (1 = off, Linux's anonymous behaviour; at most 64).
+    pub fn fault_around(mut self, pages: usize) -> Self {
+        self.fault_around = pages.clamp(1, 64);
+        self
+    }
+    /// Per-CPU lists on/off.
+    pub fn pcp(mut self, p: PcpPolicy) -> Self {
+        self.cfg.pcp = p;
+        self
+    }
+    /// Merging policy.
+    pub fn merge(mut self, m: MergePolicy) -> Self {
+        self.cfg.merge = m;
+        self
+    }
+    /// Refill policy.
+    pub fn refill(mut self, r: RefillPolicy) -> Self {
+        self.cfg.refill = r;
+        self
+    }
+    /// Per-CPU `high` policy.
+    pub fn pcp_high(mut self, h: PcpHighPolicy) -> Self {
+        self.cfg.pcp_high = h;
+        self
+    }
+    /// Lock-free per-CPU order-0 caches driven by restartable sequences in front
+    /// of the per-CPU lists (default on for `mmkit`; used where the kernel and libc
+    /// provide rseq and membarrier, otherwise every call takes the lists' lock).
+    pub fn pcp_cache(mut self, on: bool) -> Self {
+        self.cfg.pcp_cache = on;
+        self
+    }
+    /// Per-CPU batch (default derived from the zone size).
+    pub fn pcp_batch(mut self, b: u32) -> Self {
+        self.cfg.pcp_batch = Some(b);
+        self
+    }
+    /// Number of per-CPU slots (default: the CPUs the system may bring online).
+    pub fn cpus(mut self, n: usize) -> Self {
+        self.cfg.nr_cpus = n;
+        self
+    }
+    /// Try hugetlb backing; falls back to THP with a message when refused.
+    pub fn hugetlb(mut self, on: bool) -> Self {
+        self.hugetlb = on;
+        self
+    }
+    /// How pages are cleared on `Gfp::ZERO` and in the fault path (default `Auto`).
+    pub fn clear(mut self, c: ClearStrategy) -> Self {
+        self.clear = c;
+        self
+    }
+    /// Fault the whole arena in at build time.
+    pub fn prefault(mut self, on: bool) -> Self {
+        self.prefault = on;
+        self
+    }
+    /// Direct compaction in the allocation slow path of high-order requests
+    /// (default on).
+    pub fn compaction(mut self, on: bool) -> Self {
+        self.compact.direct = on;
+        self
+    }
+    /// The background compaction thread, kcompactd (default on).
+    pub fn kcompactd(mut self, on: bool) -> Self {
+        self.compact.kcompactd = on;
+        self
+    }
+    /// Linux's `vm.compaction_proactiveness`, 0..=100 (default 20): kcompactd
+    /// compacts in the background while the fragmentation score is above
+    /// `110 - proactiveness`, down to `100 - proactiveness`; 0 turns it off.
+    pub fn compaction_proactiveness(mut self, p: u32) -> Self {
+        self.compact.proactiveness = p.min(100);
+        self
+    }
+    /// Maps the arena and builds the allocator.
+    pub fn build(self) -> Result<Mm, Error> {
+        let len = self.memory.unwrap_or_else(default_memory) & !(PAGE_SIZE - 1);
+        if len < (2 << 20) {
+            return Err(Error::Config(format!(
+                "memory {len} bytes is below the 2 MiB minimum (one pageblock)"
+            )));
+        }
+        let arena = arena::Arena::new(len, self.hugetlb, self.prefault)
+            .map_err(|e| Error::Arena(format!("mmap of {len} bytes failed: {e}")))?;
+        let alloc = PageAlloc::<StdPlatform>::new(self.cfg.clone(), (len / PAGE_SIZE) as u64)
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let inner = Arc::new(MmInner {
+            alloc,
+            arena,
+            clear: self.clear,
+            fault_around: self.fault_around,
+            vmstat: Kthread::new(),
+            compact: self.compact,
+            kcompactd: self.compact.kcompactd.then(Kthread::new),
+            compacting: AtomicUsize::new(0),
+        });
+        if self.cfg.pcp == PcpPolicy::On && self.cfg.pcp_high == PcpHighPolicy::Auto {
+            start_vmstat_worker(&inner);
+        }
+        if let Some(kc) = &inner.kcompactd {
+            compaction::start_kcompactd(&inner, kc);
+        }
+        Ok(Mm { inner })
+    }
+}
+
+/// The per-second worker (Linux's vmstat_update): decays per-CPU `high`.
+fn start_vmstat_worker(inner: &Arc<MmInner>) {
+    let weak = Arc::downgrade(inner);
+    inner.vmstat.start(
+        "mmkit-vmstat",
+        Duration::from_secs(1),
+        move |()| match weak.upgrade() {
+            Some(mm) => {
+                mm.alloc.decay_pcp_high();
+                true
+            }
+            None => false,
+        },
+    );
+}

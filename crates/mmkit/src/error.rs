@@ -1,0 +1,123 @@
+//! The errors of the mmkit API ([`Error`]) and the conversions from the core's
+//! error types.
+//!
+//! Invariant: an `Err` means the call changed nothing; every message says what was
+//! wrong and, where there is one, what to do about it. No state, no lock.
+
+use mmkit_core::{FreeError, Pfn, MAX_ORDER};
+
+/// Errors of the mmkit API. Every refused call changed nothing.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// No block of the order could be found, after draining per-CPU lists and
+    /// merging; free memory or ask for a smaller order.
+    #[error("out of memory: no free block of order {order} (free memory or use a smaller order)")]
+    NoMemory {
+        /// The requested order.
+        order: u32,
+    },
+    /// Orders go from 0 to MAX_ORDER (10).
+    #[error("invalid order {order}: orders go from 0 to {MAX_ORDER}")]
+    InvalidOrder {
+        /// The order given.
+        order: u32,
+    },
+    /// The pfn is not in this Mm's arena.
+    #[error("pfn {pfn} is outside the arena")]
+    OutOfRange {
+        /// The pfn given.
+        pfn: u64,
+    },
+    /// The pfn is not aligned to 2^order pages, so it cannot head a block of that order.
+    #[error("pfn {pfn} is not aligned to order {order}")]
+    Misaligned {
+        /// The pfn given.
+        pfn: u64,
+        /// The order given.
+        order: u32,
+    },
+    /// The pfn is not the head of an allocated block: never allocated, already
+    /// freed, or an interior page of a block.
+    #[error(
+        "pfn {pfn} is not an allocated block (never allocated, already freed, or inside a block)"
+    )]
+    NotAllocated {
+        /// The pfn given.
+        pfn: u64,
+    },
+    /// The block was allocated with another order.
+    #[error("pfn {pfn} was allocated with order {allocated}, freed with order {given}")]
+    WrongOrder {
+        /// The pfn given.
+        pfn: u64,
+        /// The order it was allocated with.
+        allocated: u32,
+        /// The order given to free.
+        given: u32,
+    },
+    /// The block belongs to an address space (its fault path or page table
+    /// allocated it): only that space releases it, when it unmaps.
+    #[error(
+        "pfn {pfn} belongs to an address space (a mapped or page-table page); only blocks from alloc_pages can be freed or pinned by a caller"
+    )]
+    OwnedBySpace {
+        /// The pfn given.
+        pfn: u64,
+    },
+    /// The arena could not be mapped.
+    #[error("arena: {0}")]
+    Arena(String),
+    /// The configuration is not usable.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// `check()` found a broken invariant.
+    #[error("invariant broken: {0}")]
+    Corrupt(String),
+    /// An address range given to an address space was refused: zero length,
+    /// unaligned, wrapping, outside `0..2^47`, or not mapped.
+    #[error("bad address range {addr:#x} (+{len:#x} bytes): {reason}")]
+    BadAddress {
+        /// The address given.
+        addr: u64,
+        /// The length given.
+        len: u64,
+        /// What was wrong with it.
+        reason: &'static str,
+    },
+    /// `mmap` found no free range of the length in the address space; unmap
+    /// something or map less.
+    #[error(
+        "no room for a mapping of {len} bytes in the address space (unmap something or map less)"
+    )]
+    AddressSpaceFull {
+        /// The length asked for.
+        len: u64,
+    },
+    /// A fault could not be handled (or an address-space call was made from inside
+    /// a `with_page` closure).
+    #[error("fault at {addr:#x} not handled: {reason}")]
+    Fault {
+        /// The faulting address.
+        addr: u64,
+        /// Why.
+        reason: &'static str,
+    },
+}
+
+/// The `Error` of a refused `free_pages(pfn, order)`.
+pub(crate) fn free_err(e: FreeError, pfn: Pfn, order: u32) -> Error {
+    let pfn = pfn.get();
+    match e {
+        FreeError::InvalidOrder => Error::InvalidOrder { order },
+        FreeError::OutOfRange => Error::OutOfRange { pfn },
+        FreeError::Misaligned => Error::Misaligned { pfn, order },
+        FreeError::NotAllocated => Error::NotAllocated { pfn },
+        FreeError::WrongOrder { allocated } => Error::WrongOrder {
+            pfn,
+            allocated,
+            given: order,
+        },
+        FreeError::Owned => Error::OwnedBySpace { pfn },
+    }
+}
