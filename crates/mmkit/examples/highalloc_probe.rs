@@ -1,9 +1,11 @@
-//! highalloc taken apart, outside the lab: the lab's fill, scatter, background
-//! page_fault1 threads and paced order-9 requests, with each request's latency
-//! put beside what it did (merge on demand, slow path, direct compaction), so that
-//! a latency tail can be put on its cause. The vmstat events are process-wide: a
-//! request's deltas also count what the background threads and kcompactd did
-//! while it ran (merges above all), so read the classes, not the exact counts.
+//! Why an order-9 request is slow (the lab's `highalloc` gives the rates and the
+//! latency percentiles, not the causes): highalloc taken apart, outside the lab:
+//! the lab's fill, scatter, background page_fault1 threads and paced order-9
+//! requests, with each request's latency put beside what it did (merge on demand,
+//! slow path, direct compaction), so that a latency tail can be put on its cause.
+//! The vmstat events are process-wide: a request's deltas also count what the
+//! background threads and kcompactd did while it ran (merges above all), so read
+//! the classes, not the exact counts.
 //!
 //! `cargo run --release -p mmkit --example highalloc_probe -- [THREADS] [ROUNDS] [VARIANT...]`
 use mmkit::*;

@@ -1,5 +1,7 @@
-//! page_fault1 loop for profiling: `perf record -D 1000 target/release/examples/pf1_loop [ROUNDS]`
-//! (`-D` skips the kernel prefaulting the arena; ROUNDS of 128 MiB, default 60).
+//! A page_fault1 loop to profile the fault path with perf (one thread, no lab
+//! around it): `perf record -D 1000 target/release/examples/pf1_loop [ROUNDS]`
+//! (`-D` skips the kernel prefaulting the arena; ROUNDS of 128 MiB, default 60;
+//! `FA=N` sets the fault-around batch, default 16).
 use mmkit::*;
 const LEN: usize = 128 << 20;
 fn main() -> Result<(), Error> {

@@ -1,5 +1,6 @@
-//! Quick smoke run: allocate and free in every variant, print the views and a
-//! single-thread rate. `cargo run --release -p mmkit --example smoke`
+//! mmkit in use, as a smoke test: build an `Mm` in every variant, allocate and free
+//! blocks of orders 0-3 and 10 with invariant checks, print a single-thread
+//! alloc/free rate and the buddyinfo view. `cargo run --release -p mmkit --example smoke`
 use mmkit::{Gfp, Mm, Variant};
 use std::time::Instant;
 

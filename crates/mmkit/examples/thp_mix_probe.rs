@@ -1,11 +1,12 @@
-//! order0_thp_mix taken apart, outside the lab: two threads fault plain mappings
-//! on CPU 0, two fault `MapFlags::HUGE` mappings on CPU 1 (128 MiB regions, one
-//! byte written per 4 KiB, unmap, loop), after faulting 97% of the arena as order-0
-//! pages and dropping it, as the lab's workload does. For the huge half it times
-//! the huge faults (first touch of each 2 MiB: allocation and clearing; wall and
-//! thread CPU time, as the two huge threads share a CPU), the other
-//! touches, and the unmaps separately, so that a difference between variants can
-//! be put on the huge half's own path or on the other half's interference.
+//! Where the huge half of `order0_thp_mix` spends its time (the lab gives the
+//! scores only): order0_thp_mix taken apart, outside the lab: two threads fault
+//! plain mappings on CPU 0, two fault `MapFlags::HUGE` mappings on CPU 1 (128 MiB
+//! regions, one byte written per 4 KiB, unmap, loop), after faulting 97% of the
+//! arena as order-0 pages and dropping it, as the lab's workload does. For the huge
+//! half it times the huge faults (first touch of each 2 MiB: allocation and
+//! clearing; wall and thread CPU time, as the two huge threads share a CPU), the
+//! other touches, and the unmaps separately, so that a difference between variants
+//! can be put on the huge half's own path or on the other half's interference.
 //!
 //! `cargo run --release -p mmkit --example thp_mix_probe -- [CAP] [SECS] [ROUNDS] [VARIANT...]`
 //!

@@ -1,5 +1,9 @@
-//! Policy sweep for the cross-CPU free pattern (one allocating thread, one
-//! freeing thread). `cargo run --release -p mmkit --example xcpu`
+//! Which policy knob decides the cross-CPU free rate (the lab's `cross_cpu_free`
+//! compares whole variants): one allocating thread on CPU 0 hands pages in
+//! batches of 32 to one freeing thread on CPU 1, under `mmkit` with one knob
+//! changed at a time (per-CPU `high`, merging, refill, the lock-free per-CPU
+//! caches), beside `mmkit-eager`. `ONLY=NAME` runs one line, `EVENTS=1` prints
+//! the vmstat events. `cargo run --release -p mmkit --example xcpu`
 use mmkit::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -101,6 +105,10 @@ fn main() {
             Mm::builder()
                 .variant(Variant::Mmkit)
                 .refill(RefillPolicy::PageByPage),
+        );
+        run(
+            "mmkit no per-CPU caches",
+            Mm::builder().variant(Variant::Mmkit).pcp_cache(false),
         );
         run("mmkit-eager", Mm::builder().variant(Variant::MmkitEager));
     }
