@@ -23,6 +23,7 @@ mod compaction;
 mod migrate;
 mod pgtable;
 mod platform;
+mod registry;
 mod rmap;
 mod space;
 mod views;
@@ -367,6 +368,8 @@ impl MmBuilder {
             compact: self.compact,
             kcompactd: kcompactd.clone(),
             compacting: std::sync::atomic::AtomicUsize::new(0),
+            spaces: Default::default(),
+            page_locks: Default::default(),
         });
         if self.cfg.pcp == PcpPolicy::On && self.cfg.pcp_high == PcpHighPolicy::Auto {
             spawn_vmstat_worker(&inner);
@@ -413,6 +416,10 @@ struct MmInner {
     kcompactd: Option<Arc<Kcompactd>>,
     /// Compaction runs in progress (`Mm::wait_compaction_idle`).
     compacting: std::sync::atomic::AtomicUsize,
+    /// The live address spaces of this Mm, by id (`registry.rs`).
+    spaces: registry::SpaceRegistry,
+    /// The page locks, by pfn (`rmap.rs`).
+    page_locks: rmap::PageLocks,
 }
 
 impl Drop for MmInner {
@@ -666,11 +673,6 @@ impl Mm {
     /// The core allocator, for layers built on top.
     pub fn page_alloc(&self) -> &PageAlloc<StdPlatform> {
         &self.inner.alloc
-    }
-
-    /// Do `self` and `other` share one allocator (clones of one `Mm`)?
-    pub(crate) fn same(&self, other: &Mm) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
     }
 }
 
