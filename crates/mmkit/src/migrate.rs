@@ -41,8 +41,8 @@
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use crate::pgtable::{desc, Pte};
-use crate::rmap::{self, page_vma_mapped, rmap_walk, try_to_unmap_one, PageGuard, RmapOne};
 use crate::rmap::RmapWalkControl;
+use crate::rmap::{self, page_vma_mapped, rmap_walk, try_to_unmap_one, PageGuard, RmapOne};
 use crate::{Mm, Pfn, PAGE_SIZE};
 
 /// Why a page was not migrated.

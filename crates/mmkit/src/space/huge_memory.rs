@@ -159,4 +159,3 @@ impl SpaceInner {
         tlb.remove_page(head, HPAGE_PMD_ORDER);
     }
 }
-

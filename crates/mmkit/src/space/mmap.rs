@@ -316,4 +316,3 @@ impl SpaceInner {
         Ok(())
     }
 }
-

@@ -277,4 +277,3 @@ impl SpaceInner {
         Ok(())
     }
 }
-

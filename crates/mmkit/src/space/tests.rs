@@ -130,10 +130,8 @@ fn swap_entries_fault_with_an_error_and_unmap() {
             // Account for the entry in the PTE table holding it.
             let mut t = inner.pgd;
             for level in [3, 2, 1] {
-                t = Pte::from_raw(
-                    inner.tbl(&g, t)[pt_index(swp, level)].load(Ordering::Acquire),
-                )
-                .pfn();
+                t = Pte::from_raw(inner.tbl(&g, t)[pt_index(swp, level)].load(Ordering::Acquire))
+                    .pfn();
             }
             used(&mm, t).fetch_add(1, Ordering::Relaxed);
         }
