@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use mmkit_core::clear::{ChunkedClear, ClearStrategy};
 
+use super::memory::VmFault;
 use super::mmap::{MapFlags, Vma, VmaTree};
 use super::zap::MmuGather;
 use super::{leaf, SpaceInner, Stat, PAGE, SPARSE_TOUCH_BYTES};
@@ -51,13 +52,11 @@ impl SpaceInner {
     /// order 0); true when the PMD is now populated (by us or a racing fault).
     pub(super) fn do_huge_pmd_anonymous_page(
         &self,
-        vma: &Vma,
+        vmf: &VmFault<'_>,
         slot: &AtomicU64,
         pmd_pfn: Pfn,
-        addr: u64,
-        write: bool,
-        len: usize,
     ) -> bool {
+        let (addr, len) = (vmf.addr, vmf.len);
         let mm = &self.mm;
         let Ok(pfn) = mm.alloc_owned_pages(Gfp::MOVABLE | Gfp::NOWARN, HPAGE_PMD_ORDER) else {
             return false;
@@ -67,7 +66,7 @@ impl SpaceInner {
         // A sparse first touch predicts sparse accesses at the same offset of the
         // other sub-pages: their lines are prefetched after a streaming clear.
         let hot = if len <= SPARSE_TOUCH_BYTES { len } else { 0 };
-        let clear = ChunkedClear::new(huge_clear_strategy(mm.clear_strategy(), vma))
+        let clear = ChunkedClear::new(huge_clear_strategy(mm.clear_strategy(), vmf.vma))
             .with_hot((addr % PAGE) as usize, hot);
         // SAFETY: the block is ours (just allocated, not yet mapped): 512 * 4096
         // writable bytes inside the arena that nothing else references; the yield
@@ -85,7 +84,7 @@ impl SpaceInner {
         desc(mm, Pfn::new(pfn.get() + 1))
             .nr_pages_mapped()
             .store(0, Ordering::Relaxed);
-        let pmd = leaf(pfn, true).with(PTE_ACCESSED | if write { PTE_DIRTY } else { 0 });
+        let pmd = leaf(pfn, true).with(vmf.young_bits());
         match slot.compare_exchange(0, pmd.raw(), Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 used(mm, pmd_pfn).fetch_add(1, Ordering::Relaxed);

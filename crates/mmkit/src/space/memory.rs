@@ -29,6 +29,25 @@ use crate::pgtable::{
 };
 use crate::{rmap, Error, Gfp, Pfn, PAGE_SIZE};
 
+/// One fault (Linux's `struct vm_fault`): the VMA, the faulting address, whether
+/// the access writes, and how many bytes of the page from `addr` it covers (the
+/// hint that fault-around's clearing follows, see `do_anonymous_page`).
+#[derive(Copy, Clone)]
+pub(super) struct VmFault<'a> {
+    pub(super) vma: &'a Vma,
+    pub(super) addr: u64,
+    pub(super) write: bool,
+    pub(super) len: usize,
+}
+
+impl VmFault<'_> {
+    /// The bits a new leaf for this fault starts with: accessed, and dirty for a
+    /// write (mapped young, as the access that follows would set them anyway).
+    pub(super) fn young_bits(&self) -> u64 {
+        PTE_ACCESSED | if self.write { PTE_DIRTY } else { 0 }
+    }
+}
+
 impl SpaceInner {
     /// Makes `slot` (an entry of the table at `parent`) point to a table, allocating
     /// one if it is empty (Linux's `__pte_alloc`/`__pmd_alloc`). `Ok(None)` when
@@ -80,14 +99,8 @@ impl SpaceInner {
     /// Returns once the caller can retry the access. Kept out of line so that the
     /// access path that finds its entry present stays small.
     #[inline(never)]
-    pub(super) fn handle_mm_fault(
-        &self,
-        held: &VmaTree,
-        vma: &Vma,
-        addr: u64,
-        write: bool,
-        len: usize,
-    ) -> Result<(), Error> {
+    pub(super) fn handle_mm_fault(&self, held: &VmaTree, vmf: &VmFault<'_>) -> Result<(), Error> {
+        let addr = vmf.addr;
         self.stats.add(Stat::Faults, 1);
         let pgd = self.tbl(held, self.pgd);
         let pud_pfn = self
@@ -107,8 +120,8 @@ impl SpaceInner {
                 }
                 return Ok(());
             }
-            if e.is_none() && vma.huge_eligible(addr) {
-                if self.do_huge_pmd_anonymous_page(vma, pmd_slot, pmd_pfn, addr, write, len) {
+            if e.is_none() && vmf.vma.huge_eligible(addr) {
+                if self.do_huge_pmd_anonymous_page(vmf, pmd_slot, pmd_pfn) {
                     return Ok(());
                 }
                 self.stats.add(Stat::HugeFallbacks, 1);
@@ -119,24 +132,17 @@ impl SpaceInner {
         };
         self.cache_pte_table(held, addr & !(PMD_SIZE - 1), pte_pfn);
         let pt = self.tbl(held, pte_pfn);
-        self.handle_pte_fault(vma, pt, pte_pfn, addr, write, len)
+        self.handle_pte_fault(vmf, pt, pte_pfn)
     }
 
-    /// Linux's `handle_pte_fault`: what the PTE for `addr` in the table `pt` (at
+    /// Linux's `handle_pte_fault`: what the PTE for the address in the table `pt` (at
     /// `pt_pfn`) needs, by its kind. The one dispatch point of the fault path.
-    fn handle_pte_fault(
-        &self,
-        vma: &Vma,
-        pt: &Table,
-        pt_pfn: Pfn,
-        addr: u64,
-        write: bool,
-        len: usize,
-    ) -> Result<(), Error> {
+    fn handle_pte_fault(&self, vmf: &VmFault<'_>, pt: &Table, pt_pfn: Pfn) -> Result<(), Error> {
+        let addr = vmf.addr;
         let slot = &pt[pt_index(addr, 0)];
         let e = Pte::from_raw(slot.load(Ordering::Acquire));
         if e.is_none() {
-            return self.do_anonymous_page(vma, pt, pt_pfn, addr, write, len);
+            return self.do_anonymous_page(vmf, pt, pt_pfn);
         }
         if e.is_migration() {
             wait_migration(slot, e);
@@ -203,15 +209,8 @@ impl SpaceInner {
     /// One fence per batch matters: fencing each page instead made streaming
     /// clears 2-3x slower than `rep stosb` (the fence waits for the page's stores
     /// to reach memory). Explicit strategies apply to the whole batch.
-    fn do_anonymous_page(
-        &self,
-        vma: &Vma,
-        pt: &Table,
-        pt_pfn: Pfn,
-        addr: u64,
-        write: bool,
-        len: usize,
-    ) -> Result<(), Error> {
+    fn do_anonymous_page(&self, vmf: &VmFault<'_>, pt: &Table, pt_pfn: Pfn) -> Result<(), Error> {
+        let VmFault { vma, addr, len, .. } = *vmf;
         const MAX_AROUND: usize = 64;
         let mm = &self.mm;
         let idx = pt_index(addr, 0);
@@ -248,7 +247,7 @@ impl SpaceInner {
         }
         // Every page of the batch is mapped young, as Linux maps the pages of an
         // anonymous large folio, so the accesses that follow find their bits set.
-        let bits = PTE_ACCESSED | if write { PTE_DIRTY } else { 0 };
+        let bits = vmf.young_bits();
         let mut installed = 0;
         for (i, pfn) in pfns[..n].iter().enumerate() {
             rmap::set(mm, *pfn, self.id, va + (i as u64) * PAGE);

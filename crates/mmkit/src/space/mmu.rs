@@ -23,6 +23,7 @@
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
 
+use super::memory::VmFault;
 use super::mmap::{bad, check_range, Vma, VmaTree};
 use super::{Space, SpaceInner, Translation, PAGE};
 use crate::pgtable::{PMD_SIZE, PTE_ACCESSED, PTE_DIRTY};
@@ -232,7 +233,15 @@ impl SpaceInner {
                     continue;
                 }
             }
-            self.handle_mm_fault(held, vma, addr, write, len)?;
+            self.handle_mm_fault(
+                held,
+                &VmFault {
+                    vma,
+                    addr,
+                    write,
+                    len,
+                },
+            )?;
         }
     }
 
