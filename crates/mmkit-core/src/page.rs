@@ -128,9 +128,10 @@ pub(crate) const fn fl_mt(f: u32) -> usize {
 #[derive(Default)]
 pub struct Page {
     /// (A; state bits Z/C) State, order, migratetype and page flags (see the
-    /// `FL_*`/`PG_*` layout). State, order and migratetype: (Z) for `Buddy` heads,
-    /// (C) for `Alloc` <-> `None`. The `PG_*` bits above 16: (O), and (P) for
-    /// page-side code once the page is mapped.
+    /// `FL_*`/`PG_*` layout). State, order, migratetype and `PG_OWNED`: (Z) for
+    /// `Buddy` heads, (C) for `Alloc` <-> `None` (`PG_OWNED` is written with the
+    /// state when an owned block is handed out). The `PG_*` bits above 16: (O),
+    /// and (P) for page-side code once the page is mapped.
     pub(crate) flags: AtomicU32,
     /// (A) Reference count of an allocated head (1 after allocation): get/put by
     /// anyone holding a reference; set by the allocator when it hands out.
