@@ -143,3 +143,64 @@ pub(crate) fn wait_migration(slot: &AtomicU64, e: Pte) {
         spins += 1;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+    use crate::{Gfp, MapFlags};
+
+    /// Through the page lock on the Mm and the reverse-map walk: a page whose
+    /// lock an accessor holds (`with_page` in another thread) or that a pin holds
+    /// is not migrated; free of both, it is, and keeps its bytes.
+    #[test]
+    fn pages_in_use_are_not_migrated() {
+        let mm = crate::space::tests::mm();
+        mm.drain_all_pages();
+        let before = mm.nr_free_pages();
+        {
+            let s = mm.new_space().unwrap();
+            let a = s.mmap(2 * PAGE_SIZE, MapFlags::empty()).unwrap();
+            s.write(a, &[1, 2, 3]).unwrap();
+            let src = s.translate(a).unwrap().pfn;
+            // An isolated target, as compaction's free scanner hands them out.
+            let dst = mm.alloc_owned_pages(Gfp::MOVABLE, 0).unwrap();
+            let mut rwc = RmapWalkControl::default();
+            let (inside_tx, inside_rx) = mpsc::channel();
+            let (done_tx, done_rx) = mpsc::channel::<()>();
+            let s_ref = &s;
+            std::thread::scope(|sc| {
+                sc.spawn(move || {
+                    s_ref
+                        .with_page(a, true, |p| {
+                            inside_tx.send(()).unwrap();
+                            done_rx.recv().unwrap();
+                            p[3] = 4;
+                        })
+                        .unwrap()
+                });
+                inside_rx.recv().unwrap();
+                let r = migrate_page(&mm, &mut rwc, src, dst);
+                done_tx.send(()).unwrap();
+                assert_eq!(r, Err(MigrateError::Pinned), "a page in use moved");
+            });
+            mm.pin_page(src);
+            let r = migrate_page(&mm, &mut rwc, src, dst);
+            mm.unpin_page(src);
+            assert_eq!(r, Err(MigrateError::Pinned), "a pinned page moved");
+            assert_eq!(s.translate(a).unwrap().pfn, src);
+            migrate_page(&mm, &mut rwc, src, dst).unwrap();
+            drop(rwc);
+            assert_eq!(s.translate(a).unwrap().pfn, dst);
+            assert_eq!(mm.rmap_lookup(src), None);
+            assert!(mm.unpin_page(src), "the mapping's reference was the last");
+            let mut buf = [0u8; 4];
+            s.read(a, &mut buf).unwrap();
+            assert_eq!(buf, [1, 2, 3, 4]);
+        }
+        mm.drain_all_pages();
+        assert_eq!(mm.nr_free_pages(), before);
+        mm.check().unwrap();
+    }
+}

@@ -62,9 +62,9 @@
 //! any address space (refused with `Error::Fault`). Direct compaction may run
 //! inside a fault, under that fault's shared VMA lock: it only ever try-locks, so
 //! it cannot deadlock against that fault or an `munmap` queued behind it. The
-//! registry mutex and the zone locks are leaves: nothing is taken under them
-//! (`Drop` of a space resolved by a walk runs after the walk's locks are gone,
-//! and takes only allocator locks).
+//! registry mutex and the zone locks are leaves: nothing is taken under them.
+//! A space that a walk resolved is dropped only with the `RmapWalkControl`,
+//! after every page lock is released (its drop unmaps the whole space).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -223,16 +223,23 @@ impl Mm {
 
 /// Linux's `rmap_walk_control`, reduced to what a walk of one mapping per page
 /// needs: the last space resolved, kept while consecutive pages belong to it
-/// (they mostly do). Holding it keeps that space alive: drop it when the batch
-/// of pages is done, with no lock held.
+/// (they mostly do). Holding it keeps the spaces it resolved alive: drop it when
+/// the batch of pages is done, with no lock held.
 #[derive(Default)]
 pub(crate) struct RmapWalkControl {
     cur: Option<(u64, Option<Space>)>,
+    /// Spaces resolved before `cur`, dropped with the control: the walk runs
+    /// under a page lock, and dropping the last reference to a space unmaps all
+    /// of it, which is not work to do under a page lock.
+    retired: Vec<Space>,
 }
 
 impl RmapWalkControl {
     fn space(&mut self, mm: &Mm, id: u64) -> Option<&Space> {
         if !matches!(self.cur, Some((cid, _)) if cid == id) {
+            if let Some((_, Some(old))) = self.cur.take() {
+                self.retired.push(old);
+            }
             self.cur = Some((id, mm.spaces().get(id)));
         }
         self.cur.as_ref().and_then(|(_, s)| s.as_ref())
@@ -365,11 +372,7 @@ mod tests {
     /// maps the page, and refuses one that does not.
     #[test]
     fn rmap_walk_reaches_the_mapping() {
-        let mm = Mm::builder()
-            .memory(32 << 20)
-            .fault_around(1)
-            .build()
-            .unwrap();
+        let mm = crate::space::tests::mm();
         let s = mm.new_space().unwrap();
         let a = s.mmap(2 * PAGE_SIZE, MapFlags::empty()).unwrap();
         s.write(a + PAGE_SIZE as u64, &[7]).unwrap();

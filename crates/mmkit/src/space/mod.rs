@@ -52,7 +52,7 @@ mod mmu;
 mod mprotect;
 mod pagewalk;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 mod zap;
 
 use std::fmt;

@@ -9,8 +9,9 @@ use super::{MapFlags, PAGE};
 use crate::pgtable::{pt_index, used, Pte, SwapEntry};
 use crate::{Error, Mm, PAGE_SIZE};
 
-/// Fault-around off: these tests place entries page by page.
-fn mm() -> Mm {
+/// Fault-around off: these tests place entries page by page (also used by the
+/// unit tests of `rmap.rs`).
+pub(crate) fn mm() -> Mm {
     Mm::builder()
         .memory(32 << 20)
         .fault_around(1)
