@@ -17,7 +17,7 @@
 //! owning zone's lock. The `Alloc` -> `None` transition happens by CAS by whoever
 //! frees the block; `None` -> `Alloc` by the allocating CPU, which owns the page after
 //! taking it off a list. `private` and `mapping` belong to the owner of the allocated
-//! page (swap-cache entry and reverse map in later layers).
+//! page. Each field of [`Page`] says who may write it and under which lock.
 
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -104,20 +104,50 @@ pub(crate) const fn fl_mt(f: u32) -> usize {
 }
 
 /// One page descriptor (Linux's `struct page`), 32 bytes.
+///
+/// Who may write each field, and under which lock (after FreeBSD's `vm_page.h`):
+///
+/// - (A) atomic: written with atomic operations, readable without a lock (a
+///   snapshot unless a lock below is held).
+/// - (Z) the owning zone's lock.
+/// - (C) compare-and-swap by whoever makes the transition (the freeing or the
+///   allocating CPU), without a lock.
+/// - (O) the owner of the allocated block: whoever `alloc_pages` handed it to
+///   (for a mapped data page or a page-table page, the address space that
+///   faulted it in, under that space's VMA lock; see mmkit's `space/mod.rs`).
+///   The allocator writes these words only when it hands the block out or takes
+///   it back, when no owner exists.
+/// - (P) the page lock (mmkit's `rmap.rs`, a striped table on the Mm keyed by
+///   pfn), for page-side changes of a mapped page.
+///
+/// The `private` word has one meaning per kind of owner, each with a named
+/// accessor that every site uses: [`pt_used`](Page::pt_used) (a page-table
+/// page), [`nr_pages_mapped`](Page::nr_pages_mapped) (the first tail page of a
+/// split huge page), [`swap_entry`](Page::swap_entry) (a swap-cache page).
 #[repr(C, align(32))]
 #[derive(Default)]
 pub struct Page {
-    /// State, order, migratetype and page flags (see the `FL_*`/`PG_*` layout).
+    /// (A; state bits Z/C) State, order, migratetype and page flags (see the
+    /// `FL_*`/`PG_*` layout). State, order, migratetype and `PG_OWNED`: (Z) for
+    /// `Buddy` heads, (C) for `Alloc` <-> `None` (`PG_OWNED` is written with the
+    /// state when an owned block is handed out). The `PG_*` bits above 16: (O),
+    /// and (P) for page-side code once the page is mapped.
     pub(crate) flags: AtomicU32,
-    /// Reference count of an allocated head (1 after allocation).
+    /// (A) Reference count of an allocated head (1 after allocation): get/put by
+    /// anyone holding a reference; set by the allocator when it hands out.
     pub(crate) refcount: AtomicU32,
-    /// Next descriptor on a buddy (later: LRU) list.
+    /// (Z) Next descriptor on a buddy free list. LRU lists (reclaim) will reuse
+    /// `next`/`prev` for allocated pages, under the LRU lock: a page is on a
+    /// free list or on an LRU list, never both.
     pub(crate) next: AtomicU32,
-    /// Previous descriptor on a buddy (later: LRU) list.
+    /// (Z) Previous descriptor on a buddy free list (later also LRU, as `next`).
     pub(crate) prev: AtomicU32,
-    /// Owner's word: the swap entry of a swap-cache page.
-    pub private: AtomicU64,
-    /// Owner's word: the reverse map (address-space id and virtual page).
+    /// (O) The owner's word; see the accessors for its meanings.
+    pub(crate) private: AtomicU64,
+    /// (O; read A) The reverse map of a mapped page (address-space id and
+    /// virtual page, mmkit's `rmap.rs`): set by the fault path before the page
+    /// is mapped, cleared by unmap (exclusive VMA lock) or by migration (P) after
+    /// it is unmapped; read by page-side code without a lock.
     pub mapping: AtomicU64,
 }
 
@@ -150,6 +180,30 @@ impl Page {
     #[inline]
     pub fn refcount(&self) -> &AtomicU32 {
         &self.refcount
+    }
+    /// `private` of a page-table page: its used-entry count, the number of
+    /// non-zero entries (Linux keeps this in `struct ptdesc`). (O): raised by CAS
+    /// installers under the space's shared VMA lock, lowered and reset under its
+    /// exclusive lock.
+    #[inline]
+    pub fn pt_used(&self) -> &AtomicU64 {
+        &self.private
+    }
+    /// `private` of the first tail page of an order-9 page whose PMD was split:
+    /// how many of its 512 sub-pages are still mapped (Linux's
+    /// `_nr_pages_mapped`), 0 while the page is mapped whole by one PMD. (O):
+    /// set by the huge fault and the split, lowered by unmap (exclusive VMA lock);
+    /// the block is freed when it reaches 0.
+    #[inline]
+    pub fn nr_pages_mapped(&self) -> &AtomicU64 {
+        &self.private
+    }
+    /// `private` of a swap-cache page (`PG_SWAPCACHE` set): its swap entry, raw
+    /// (Linux's `folio->swap`). (O), and (P) for page-side code. Reserved for
+    /// swap; no path sets it yet.
+    #[inline]
+    pub fn swap_entry(&self) -> &AtomicU64 {
+        &self.private
     }
     /// Sets page flag bits (`PG_*` above bit 16) on an allocated page.
     #[inline]

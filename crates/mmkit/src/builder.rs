@@ -256,6 +256,8 @@ impl MmBuilder {
             compact: self.compact,
             kcompactd: self.compact.kcompactd.then(Kthread::new),
             compacting: AtomicUsize::new(0),
+            spaces: Default::default(),
+            page_locks: Default::default(),
         });
         if self.cfg.pcp == PcpPolicy::On && self.cfg.pcp_high == PcpHighPolicy::Auto {
             start_vmstat_worker(&inner);

@@ -41,10 +41,11 @@
 //! ends in `pgmigrate_success` or in `pgmigrate_fail`, and `pgmigrate_fail_pinned`
 //! counts the failures due to a pin or an access in progress.
 //!
-//! Locking: a run holds no lock between steps. Per page: registry mutex (to find the
-//! space, not held after), the space's VMA lock shared with `try_read`, the page
-//! lock with `try_lock`; the zone lock only inside the core's scanner and free
-//! calls, never while a space lock is wanted. Direct compaction may run inside a
+//! Locking: a run holds no lock between steps. Per page, the page side of the lock
+//! order in `rmap.rs`: the page lock with `try_lock`, the Mm's registry mutex (to
+//! find the space, not held after), the space's VMA lock shared with `try_read`;
+//! the zone lock only inside the core's scanner and free calls, never while a
+//! space lock is wanted. Direct compaction may run inside a
 //! fault that holds its space's VMA lock shared; it never waits for any space lock,
 //! so it cannot deadlock against that fault or an `munmap` queued behind it.
 
@@ -60,8 +61,8 @@ use mmkit_core::{
 
 use crate::kthread::Kthread;
 use crate::migrate::{migrate_page, MigrateError};
-use crate::pgtable::desc;
-use crate::{rmap, MigrateType, Mm, MmInner, Pfn, Space, VmEvent};
+use crate::rmap::RmapWalkControl;
+use crate::{MigrateType, Mm, MmInner, Pfn, VmEvent};
 
 /// How often kcompactd checks the proactive score (Linux's
 /// `HPAGE_FRAG_CHECK_INTERVAL_MSEC`).
@@ -112,24 +113,6 @@ struct Tally {
     pinned: u64,
 }
 
-/// The last address space resolved from a reverse map, kept while consecutive
-/// candidates belong to it (they mostly do).
-#[derive(Default)]
-struct SpaceCache {
-    cur: Option<(u64, Option<Space>)>,
-}
-
-impl SpaceCache {
-    fn get(&mut self, mm: &Mm, id: u64) -> Option<&Space> {
-        if !matches!(self.cur, Some((cid, _)) if cid == id) {
-            // Only spaces of this Mm: ids are global, pfns are per arena.
-            let s = rmap::space_by_id(id).filter(|s| s.mm().same(mm));
-            self.cur = Some((id, s));
-        }
-        self.cur.as_ref().and_then(|(_, s)| s.as_ref())
-    }
-}
-
 enum Outcome {
     /// Not isolated: no longer mapped where the reverse map said, or its space is
     /// busy with an mmap/munmap.
@@ -140,19 +123,8 @@ enum Outcome {
     },
 }
 
-fn migrate_one(mm: &Mm, spaces: &mut SpaceCache, src: Pfn, dst: Pfn) -> Outcome {
-    let m = desc(mm, src).mapping.load(Ordering::Acquire);
-    let Some((id, vaddr)) = rmap::decode(m) else {
-        return Outcome::Skipped;
-    };
-    let Some(space) = spaces.get(mm, id) else {
-        return Outcome::Skipped;
-    };
-    let inner = space.inner();
-    let Some(g) = inner.try_read_lock() else {
-        return Outcome::Skipped;
-    };
-    match migrate_page(inner, &g, vaddr, src, dst) {
+fn migrate_one(mm: &Mm, rwc: &mut RmapWalkControl, src: Pfn, dst: Pfn) -> Outcome {
+    match migrate_page(mm, rwc, src, dst) {
         Ok(()) => Outcome::Migrated,
         Err(MigrateError::Changed) => Outcome::Skipped,
         Err(MigrateError::Pinned) => Outcome::Failed { pinned: true },
@@ -217,7 +189,7 @@ fn compact_zone(
             }
             // Spaces are held for one batch only: a space dropped meanwhile is
             // freed right after it, not at the end of the run.
-            let mut spaces = SpaceCache::default();
+            let mut spaces = RmapWalkControl::default();
             for &src in batch {
                 let Some(&dst) = targets.last() else { break };
                 match migrate_one(mm, &mut spaces, src, dst) {

@@ -33,6 +33,7 @@ mod kthread;
 mod migrate;
 mod pgtable;
 mod platform;
+mod registry;
 mod rmap;
 mod rseq;
 mod space;
@@ -75,6 +76,10 @@ struct MmInner {
     kcompactd: Option<Kthread<u32>>,
     /// Compaction runs in progress (`Mm::wait_compaction_idle`).
     compacting: std::sync::atomic::AtomicUsize,
+    /// The live address spaces of this Mm, by id (`registry.rs`).
+    spaces: registry::SpaceRegistry,
+    /// The page locks, by pfn (`rmap.rs`).
+    page_locks: rmap::PageLocks,
 }
 
 /// A memory manager over one arena. Cheap to clone; clones share the allocator.
@@ -288,11 +293,6 @@ impl Mm {
     /// The core allocator, for layers built on top.
     pub fn page_alloc(&self) -> &PageAlloc<StdPlatform> {
         &self.inner.alloc
-    }
-
-    /// Do `self` and `other` share one allocator (clones of one `Mm`)?
-    pub(crate) fn same(&self, other: &Mm) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
     }
 }
 

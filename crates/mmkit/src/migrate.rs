@@ -1,39 +1,49 @@
 //! Page migration (Linux's `mm/migrate.c` for anonymous order-0 pages): moves the
-//! contents of a mapped page to another frame and remaps it, found through the
-//! reverse map (`rmap.rs`). Compaction (`compaction.rs`) is its user.
+//! contents of a mapped page to another frame and remaps it, reached from the
+//! page through the reverse map (`rmap.rs`). Compaction (`compaction.rs`) is its
+//! user now, NUMA balancing later.
 //!
-//! Protocol for one page `src` mapped at `vaddr` in a space, moving to `dst` (a free
+//! # The migration-entry protocol (the one place it is described)
+//!
+//! For one page `src`, mapped at `vaddr` in some space, moving to `dst` (a free
 //! page the caller isolated, `Alloc` with refcount 1):
-//! 1. Under the space's VMA lock (shared, taken with `try_read`: migration never
-//!    waits for an address space), the PTE of `vaddr` must be a present order-0
-//!    leaf mapping `src`, and `src` must hold only the mapping's reference.
-//! 2. `try_lock` the page lock of `src`: held means an access (`read`, `write`,
-//!    `with_page`) is using its bytes right now, and the migration fails (counted
-//!    as pinned) instead of waiting.
-//! 3. Replace the PTE by a migration entry (compare-and-swap, so accessed/dirty
-//!    bits set meanwhile are kept). From now on faults on `vaddr` wait, and an
-//!    access that walked before re-checks the PTE under the page lock we hold, so
-//!    nothing reads or writes `src` after this point.
+//! 1. `src` must be mapped (its reverse map set); then `Mm::trylock_page(src)`:
+//!    held means an access (`read`, `write`, `with_page`) is using its bytes
+//!    right now, and the migration fails (counted as pinned) instead of waiting.
+//! 2. `rmap_walk` reaches the mapping: the space from the Mm's registry, its VMA
+//!    lock shared with `try_read` (migration never waits for an address space).
+//!    The PTE of `vaddr` must be a present order-0 leaf mapping `src`
+//!    (`page_vma_mapped`), and `src` must hold only the mapping's reference.
+//! 3. `try_to_unmap_one` replaces the PTE by a migration entry (compare-and-swap,
+//!    so accessed/dirty bits set meanwhile are kept). From now on faults on
+//!    `vaddr` wait for it (`wait_migration`, Linux's `migration_entry_wait`),
+//!    and an access that walked before re-checks the PTE under the page lock we
+//!    hold (`space/mmu.rs`, `still_maps`), so nothing reads or writes `src` after
+//!    this point.
 //! 4. A full fence, then the reference count again: a pin taken meanwhile
 //!    (`get_page`) puts the old entry back and fails the migration (pinned).
 //! 5. Copy the 4 KiB, check the count once more, give `dst` the reverse map and
-//!    store the present PTE to `dst` (Release: the copy is visible before it).
-//! 6. Clear `src`'s reverse map. The caller drops the mapping's reference of
-//!    `src` (`PageAlloc::put_sources`), which frees it into the buddy lists.
+//!    store the present PTE to `dst` (Release: the copy is visible before it)
+//!    (Linux's `remove_migration_ptes`).
+//! 6. Clear `src`'s reverse map and unlock it. The caller drops the mapping's
+//!    reference of `src` (`PageAlloc::put_sources`), which frees it into the buddy
+//!    lists.
 //!
 //! Invariants: between 3 and 5 only the migrator touches the entry (unmap needs the
 //! exclusive VMA lock, NUMA hinting CASes only present entries); every failure path
 //! after 3 stores back exactly the entry it replaced, and `src` keeps its data and
 //! reverse map. Huge pages and sub-pages of split huge pages are not migrated.
 //!
-//! Locking: VMA lock (shared) -> page lock (try) -> nothing else. No zone lock, no
-//! allocation, no wait while a migration entry is installed.
+//! Locking: page lock (try) -> registry mutex (leaf) -> VMA lock (shared, try),
+//! as the page side of the lock order in `rmap.rs`. No zone lock, no allocation,
+//! no wait while a migration entry is installed.
 
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
-use crate::pgtable::desc;
-use crate::space::{SpaceInner, VmaTree};
-use crate::{rmap, Pfn, PAGE_SIZE};
+use crate::pgtable::{desc, Pte};
+use crate::rmap::RmapWalkControl;
+use crate::rmap::{self, page_vma_mapped, rmap_walk, try_to_unmap_one, PageGuard, RmapOne};
+use crate::{Mm, Pfn, PAGE_SIZE};
 
 /// Why a page was not migrated.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -46,52 +56,47 @@ pub(crate) enum MigrateError {
     Pinned,
 }
 
-/// Migrates `src`, mapped at `vaddr` by `space` (whose VMA lock `held` is held
-/// shared), to the isolated free page `dst`. On success `dst` is mapped in its
-/// place and `src` has no reverse map; the caller drops `src`'s mapping reference.
-/// On failure nothing changed and `dst` is still the caller's.
+/// Migrates the mapped page `src` to the isolated free page `dst`, reaching its
+/// mapping through `rwc`. On success `dst` is mapped in its place and `src` has
+/// no reverse map; the caller drops `src`'s mapping reference. On failure nothing
+/// changed and `dst` is still the caller's.
 pub(crate) fn migrate_page(
-    space: &SpaceInner,
-    held: &VmaTree,
-    vaddr: u64,
+    mm: &Mm,
+    rwc: &mut RmapWalkControl,
     src: Pfn,
     dst: Pfn,
 ) -> Result<(), MigrateError> {
-    let mm = space.mm();
-    let Some((slot, e, level)) = space.follow_pte(held, vaddr) else {
+    // 1. Mapped, then the page lock.
+    if !rmap::page_mapped(mm, src) {
         return Err(MigrateError::Changed);
+    }
+    let Some(page) = mm.trylock_page(src) else {
+        return Err(MigrateError::Pinned);
     };
-    let maps_src =
-        |e: crate::Pte| e.is_present() && !e.is_huge() && !e.is_compound() && e.pfn() == src;
-    if level != 0 || !maps_src(e) {
+    // 2. The mapping.
+    rmap_walk(mm, &page, rwc, |m| migrate_one(mm, m, &page, dst))
+        .unwrap_or(Err(MigrateError::Changed))
+}
+
+/// Steps 2 to 6 on the mapping `m` of the locked page.
+fn migrate_one(
+    mm: &Mm,
+    m: &RmapOne<'_>,
+    page: &PageGuard<'_>,
+    dst: Pfn,
+) -> Result<(), MigrateError> {
+    let src = page.pfn();
+    if page_vma_mapped(m, src).is_none() {
         return Err(MigrateError::Changed);
     }
     let d = desc(mm, src);
     if d.refcount().load(Ordering::Acquire) != 1 {
         return Err(MigrateError::Pinned);
     }
-    let Some(lock) = space.page_try_lock(src) else {
-        return Err(MigrateError::Pinned);
-    };
     // 3. The migration entry.
-    let mut cur = e;
-    loop {
-        match slot.compare_exchange(
-            cur.raw(),
-            cur.mk_migration().raw(),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => break,
-            Err(now) => {
-                let now = crate::Pte::from_raw(now);
-                if !maps_src(now) {
-                    return Err(MigrateError::Changed);
-                }
-                cur = now; // only the accessed/dirty bits changed
-            }
-        }
-    }
+    let Some((slot, cur)) = try_to_unmap_one(m, page, Pte::mk_migration) else {
+        return Err(MigrateError::Changed);
+    };
     let mig = cur.mk_migration();
     // 4. A pin taken before the entry went in is seen here (SeqCst on both sides
     // of the race: pinners increment, then look at the PTE).
@@ -117,9 +122,85 @@ pub(crate) fn migrate_page(
             desc(mm, dst).set_flag(bit);
         }
     }
-    rmap::set(mm, dst, space.id(), vaddr);
+    rmap::set(mm, dst, m.space.id(), m.vaddr);
     slot.store(mig.migration_done(dst).raw(), Ordering::Release);
+    // 6.
     rmap::clear(mm, src);
-    drop(lock);
     Ok(())
+}
+
+/// Waits until `slot` no longer holds the migration entry `e` (Linux's
+/// `migration_entry_wait`). The migrator holds no lock anyone else waits for and
+/// never blocks while its entry is installed, so this is about one page copy long.
+pub(crate) fn wait_migration(slot: &AtomicU64, e: Pte) {
+    let mut spins = 0u32;
+    while slot.load(Ordering::Acquire) == e.raw() {
+        if spins < 128 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+        spins += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+    use crate::{Gfp, MapFlags};
+
+    /// Through the page lock on the Mm and the reverse-map walk: a page whose
+    /// lock an accessor holds (`with_page` in another thread) or that a pin holds
+    /// is not migrated; free of both, it is, and keeps its bytes.
+    #[test]
+    fn pages_in_use_are_not_migrated() {
+        let mm = crate::space::tests::mm();
+        mm.drain_all_pages();
+        let before = mm.nr_free_pages();
+        {
+            let s = mm.new_space().unwrap();
+            let a = s.mmap(2 * PAGE_SIZE, MapFlags::empty()).unwrap();
+            s.write(a, &[1, 2, 3]).unwrap();
+            let src = s.translate(a).unwrap().pfn;
+            // An isolated target, as compaction's free scanner hands them out.
+            let dst = mm.alloc_owned_pages(Gfp::MOVABLE, 0).unwrap();
+            let mut rwc = RmapWalkControl::default();
+            let (inside_tx, inside_rx) = mpsc::channel();
+            let (done_tx, done_rx) = mpsc::channel::<()>();
+            let s_ref = &s;
+            std::thread::scope(|sc| {
+                sc.spawn(move || {
+                    s_ref
+                        .with_page(a, true, |p| {
+                            inside_tx.send(()).unwrap();
+                            done_rx.recv().unwrap();
+                            p[3] = 4;
+                        })
+                        .unwrap()
+                });
+                inside_rx.recv().unwrap();
+                let r = migrate_page(&mm, &mut rwc, src, dst);
+                done_tx.send(()).unwrap();
+                assert_eq!(r, Err(MigrateError::Pinned), "a page in use moved");
+            });
+            mm.pin_page(src);
+            let r = migrate_page(&mm, &mut rwc, src, dst);
+            mm.unpin_page(src);
+            assert_eq!(r, Err(MigrateError::Pinned), "a pinned page moved");
+            assert_eq!(s.translate(a).unwrap().pfn, src);
+            migrate_page(&mm, &mut rwc, src, dst).unwrap();
+            drop(rwc);
+            assert_eq!(s.translate(a).unwrap().pfn, dst);
+            assert_eq!(mm.rmap_lookup(src), None);
+            assert!(mm.unpin_page(src), "the mapping's reference was the last");
+            let mut buf = [0u8; 4];
+            s.read(a, &mut buf).unwrap();
+            assert_eq!(buf, [1, 2, 3, 4]);
+        }
+        mm.drain_all_pages();
+        assert_eq!(mm.nr_free_pages(), before);
+        mm.check().unwrap();
+    }
 }

@@ -34,9 +34,9 @@
 //!   restoring it is clearing bit 8 and setting bit 0 again.
 //! - **migration entry**: bit 0 and bit 8 clear, bit 10 set; the pfn and the write,
 //!   accessed and dirty bits of the present entry it replaced are kept. Installed
-//!   by page migration (`migrate.rs`) while it copies the page; an access that finds
-//!   it waits until the migrator puts a present entry back (Linux's
-//!   `migration_entry_wait`). Only a leaf (level 0) entry ever holds one.
+//!   by page migration while it copies the page; an access that finds it waits
+//!   until the migrator puts a present entry back. The protocol is described once,
+//!   in `migrate.rs`. Only a leaf (level 0) entry ever holds one.
 //! - **swap entry**: any other non-zero value (bit 0, bit 8 and bit 10 clear). The swap type
 //!   plus one is in bits 1..6 (so types `0..=30` and the entry is never 0), the
 //!   offset in bits 12..57; bits 6..12 are 0. Swap itself comes in a later layer;
@@ -45,14 +45,14 @@
 //! # Invariants
 //! - An entry changes from none to something only by `compare_exchange` from 0
 //!   (the loser of a race frees what it allocated), and back to none only under
-//!   the address space's exclusive VMA lock (see `space.rs`), where nothing else
+//!   the address space's exclusive VMA lock (see `space/mod.rs`), where nothing else
 //!   writes it.
 //! - A present leaf becomes a migration entry only by `compare_exchange`, under the
 //!   shared VMA lock and the page lock of its frame, and only the migrator that
 //!   installed it replaces it (by a present entry to the old or the new frame)
 //!   before it releases either lock.
-//! - The `private` word of a table page's descriptor counts its non-zero entries
-//!   ("used entries"); a table whose count drops to 0 is freed by unmap.
+//! - A table page's used count (`Page::pt_used`, its descriptor's `private` word)
+//!   counts its non-zero entries; a table whose count drops to 0 is freed by unmap.
 //! - A table page is freed only while no walker can reach it: unmap holds the VMA
 //!   lock exclusively, and walkers hold it shared for as long as they use a
 //!   reference to a table.
@@ -370,17 +370,17 @@ pub(crate) fn desc(mm: &Mm, pfn: Pfn) -> &Page {
         .expect("pfn from a page table lies inside the arena")
 }
 
-/// The used-entry count of a table page (its descriptor's `private` word).
+/// The used-entry count of a table page ([`Page::pt_used`]).
 #[inline]
 pub(crate) fn used(mm: &Mm, table_pfn: Pfn) -> &AtomicU64 {
-    &desc(mm, table_pfn).private
+    desc(mm, table_pfn).pt_used()
 }
 
 /// Allocates a zeroed table page with a used-entry count of 0.
 pub(crate) fn alloc_table(mm: &Mm) -> Result<Pfn, Error> {
     let pfn = mm.alloc_owned_pages(Gfp::KERNEL | Gfp::ZERO, 0)?;
     let d = desc(mm, pfn);
-    d.private.store(0, Ordering::Relaxed);
+    d.pt_used().store(0, Ordering::Relaxed);
     d.mapping.store(0, Ordering::Relaxed);
     Ok(pfn)
 }

@@ -1,41 +1,88 @@
-//! The reverse map: from a page frame back to the address space and virtual page
-//! that map it (Linux's anon rmap, reduced to one mapping per page, since an
-//! address space has no fork), and the registry of address-space ids.
+//! From a page to its owner (Linux's `mm/rmap.c` for anonymous pages, reduced to
+//! one mapping per page since an address space has no fork), the page lock, and
+//! the lock order of the whole crate.
 //!
-//! Encoding: a mapped page's descriptor `mapping` word holds
-//! `space_id << 35 | virtual page number` (35 bits of vpn cover `0..2^47`); 0 means
-//! "not mapped" (space ids start at 1). Which descriptor holds it:
+//! # The reverse map
+//!
+//! A mapped page's descriptor `mapping` word holds `space_id << 35 | virtual page
+//! number` (35 bits of vpn cover `0..2^47`); 0 means "not mapped" (space ids start
+//! at 1, see `registry.rs`). Which descriptor holds it:
 //! - an order-0 page: its own;
 //! - an order-9 page mapped by a huge PMD: the head only (interior `mapping`s are
 //!   0); a lookup of an interior pfn adds its offset to the head's address;
 //! - an order-9 page whose PMD was split into 512 PTEs: every sub-page its own,
-//!   and the first tail page's `private` word counts the sub-pages still mapped
-//!   (non-zero exactly while the page is split and mapped; Linux keeps such
+//!   and the first tail page's `Page::nr_pages_mapped` counts the sub-pages still
+//!   mapped (non-zero exactly while the page is split and mapped; Linux keeps such
 //!   counts in the first tail page too).
+//!
+//! Page-side code (compaction's migration now, reclaim and NUMA balancing later)
+//! reaches a page's mapping in one way only: lock the page (`Mm::lock_page` /
+//! `Mm::trylock_page`), then `rmap_walk`, which resolves the space through its
+//! Mm's registry, takes its VMA lock shared without waiting and calls back with
+//! the space, the lock witness and the address. `page_vma_mapped`,
+//! `try_to_unmap_one` and `folio_referenced_one` work on that mapping.
 //!
 //! Invariants: `mapping` is set before the PTE that maps the page is installed and
 //! cleared after it is cleared, before the page is freed; a page the allocator hands
 //! out to anyone else therefore has `mapping == 0` (table pages clear it anyway).
 //!
-//! Locking: the words are atomics written by the fault path (before the page is
-//! visible) and by unmap (under the address space's exclusive VMA lock); a lookup
-//! is a racy snapshot, exact while the caller keeps the page from being unmapped.
-//! The id registry is a mutex-protected slot table of weak references, taken only
-//! when an address space is created or dropped, or resolved from an id.
+//! # The page lock
+//!
+//! A striped table of mutexes on the Mm, indexed by pfn (`PAGE_LOCK_STRIPES`
+//! stripes; frames less than that many pages apart never share one). It makes the
+//! bytes of a mapped page exclusive to one accessor (`read`/`write` while they
+//! copy, `with_page` while its closure runs), and it is what page-side code holds
+//! while it changes the page's PTE: an access re-checks the PTE under the lock
+//! (`space/mmu.rs`), so a page is never read or written after a migration started
+//! copying it (`migrate.rs`).
+//!
+//! # Lock order (the one place it is written down)
+//!
+//! ```text
+//! address side (from an address: faults, accesses, mmap/munmap, NUMA scan)
+//!   1. the space's VMA lock       shared: faults, accesses; exclusive: mmap/munmap
+//!   2. the page lock of one frame  blocking; at most one held at a time
+//!   3. allocator locks             per-CPU list / zone lock, inside mmkit-core only
+//!
+//! page side (from a pfn: migration, later reclaim and NUMA migration)
+//!   1. the page lock               try_lock (compaction), or blocking while
+//!                                  holding nothing else
+//!   2. the Mm's registry mutex     leaf: held only to resolve an id
+//!   3. the space's VMA lock        shared, and only with try_read
+//!   4. the PTE                     compare-and-swap, no lock
+//!   (allocator locks only after all of the above are dropped)
+//! ```
+//!
+//! The two sides take the VMA lock and the page lock in opposite orders; what
+//! keeps that deadlock-free is that the page side never *waits* for a VMA lock
+//! (an accessor may hold it shared while it waits for this very page lock, and a
+//! queued writer would block a new reader), and the address side never takes a
+//! page lock while it waits for anything else. `with_page` holds a page lock
+//! without the VMA lock while its closure runs, so its closure may not call into
+//! any address space (refused with `Error::Fault`). Direct compaction may run
+//! inside a fault, under that fault's shared VMA lock: it only ever try-locks, so
+//! it cannot deadlock against that fault or an `munmap` queued behind it. The
+//! registry mutex and the zone locks are leaves: nothing is taken under them.
+//! A space that a walk resolved is dropped only with the `RmapWalkControl`,
+//! after every page lock is released (its drop unmaps the whole space).
 
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use crossbeam_utils::CachePadded;
 use mmkit_core::PageState;
 
-use crate::pgtable::{desc, HPAGE_PMD_NR, HPAGE_PMD_ORDER};
-use crate::space::{Space, SpaceInner};
-use crate::{Error, Mm, Pfn, PAGE_SIZE};
+use crate::pgtable::{desc, Pte, HPAGE_PMD_NR, HPAGE_PMD_ORDER, PTE_ACCESSED};
+use crate::registry::SpaceRegistry;
+use crate::space::{Space, SpaceInner, VmaTree};
+use crate::{Mm, Pfn, PAGE_SIZE};
+
+/// Stripes of the page-lock table.
+pub(crate) const PAGE_LOCK_STRIPES: usize = 1024;
 
 const VPN_BITS: u32 = 35;
 const VPN_MASK: u64 = (1 << VPN_BITS) - 1;
 /// Largest space id that fits the encoding.
-const MAX_SPACE_ID: u64 = (1 << (64 - VPN_BITS)) - 1;
+pub(crate) const MAX_SPACE_ID: u64 = (1 << (64 - VPN_BITS)) - 1;
 
 /// The `mapping` word for page `vaddr` of space `space_id`.
 #[inline]
@@ -66,6 +113,13 @@ pub(crate) fn clear(mm: &Mm, pfn: Pfn) {
     desc(mm, pfn).mapping.store(0, Ordering::Release);
 }
 
+/// Linux's `folio_mapped` for a page with its own reverse map (an order-0
+/// page, the head of a huge page, a sub-page of a split one): is it mapped by
+/// some space? A racy snapshot; the walk checks again under the locks.
+pub(crate) fn page_mapped(mm: &Mm, pfn: Pfn) -> bool {
+    desc(mm, pfn).mapping.load(Ordering::Acquire) != 0
+}
+
 impl Mm {
     /// Where the frame `pfn` is mapped: `(space_id, vaddr)` of the 4 KiB page,
     /// or `None` when no address space maps it (free, a table page, allocated
@@ -87,7 +141,7 @@ impl Mm {
         }
         // Split: every mapped sub-page has its own word, and this one had none.
         if desc(self, Pfn::new(head.get() + 1))
-            .private
+            .nr_pages_mapped()
             .load(Ordering::Acquire)
             != 0
         {
@@ -98,60 +152,212 @@ impl Mm {
     }
 }
 
-struct Registry {
-    slots: Vec<Option<Weak<SpaceInner>>>,
-    free: Vec<u64>,
-}
-
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
-    slots: Vec::new(),
-    free: Vec::new(),
-});
-
-fn registry() -> std::sync::MutexGuard<'static, Registry> {
-    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Reserves a space id (ids are reused after the space is dropped).
-pub(crate) fn reserve_id() -> Result<u64, Error> {
-    let mut r = registry();
-    if let Some(id) = r.free.pop() {
-        return Ok(id);
+impl Mm {
+    /// The spaces of this Mm, by id.
+    pub(crate) fn spaces(&self) -> &SpaceRegistry {
+        &self.inner.spaces
     }
-    let id = r.slots.len() as u64 + 1;
-    if id > MAX_SPACE_ID {
-        return Err(Error::Config(format!(
-            "too many address spaces alive (at most {MAX_SPACE_ID}); drop some first"
-        )));
+}
+
+// ---------------------------------------------------------------------------------
+// The page lock
+// ---------------------------------------------------------------------------------
+
+/// The page locks of one Mm: a striped mutex table indexed by pfn.
+pub(crate) struct PageLocks {
+    stripes: Box<[CachePadded<parking_lot::Mutex<()>>]>,
+}
+
+impl Default for PageLocks {
+    fn default() -> Self {
+        PageLocks {
+            stripes: (0..PAGE_LOCK_STRIPES)
+                .map(|_| CachePadded::new(parking_lot::Mutex::new(())))
+                .collect(),
+        }
     }
-    r.slots.push(None);
-    Ok(id)
 }
 
-/// Publishes the space behind a reserved id.
-pub(crate) fn publish(id: u64, space: &Arc<SpaceInner>) {
-    let mut r = registry();
-    r.slots[id as usize - 1] = Some(Arc::downgrade(space));
+impl PageLocks {
+    #[inline]
+    fn stripe(&self, pfn: Pfn) -> &parking_lot::Mutex<()> {
+        &self.stripes[pfn.get() as usize % PAGE_LOCK_STRIPES]
+    }
 }
 
-/// Gives an id back (the space is being dropped, or was never built).
-pub(crate) fn release_id(id: u64) {
-    let mut r = registry();
-    r.slots[id as usize - 1] = None;
-    r.free.push(id);
+/// A held page lock (Linux's locked folio), released when dropped. Page-side
+/// functions take it as proof that the page is locked.
+pub(crate) struct PageGuard<'a> {
+    pfn: Pfn,
+    _lock: parking_lot::MutexGuard<'a, ()>,
 }
 
-/// The live space with this id (for compaction and reclaim, which start from a
-/// frame's reverse map).
-pub(crate) fn space_by_id(id: u64) -> Option<Space> {
-    let r = registry();
-    let w = r.slots.get(id.checked_sub(1)? as usize)?.as_ref()?;
-    w.upgrade().map(Space::from_inner)
+impl PageGuard<'_> {
+    /// The locked frame.
+    pub(crate) fn pfn(&self) -> Pfn {
+        self.pfn
+    }
+}
+
+impl Mm {
+    /// Linux's `lock_page`: waits for the page lock of frame `pfn`. See the lock
+    /// order above: never while waiting for, or wanting, anything else.
+    pub(crate) fn lock_page(&self, pfn: Pfn) -> PageGuard<'_> {
+        PageGuard {
+            pfn,
+            _lock: self.inner.page_locks.stripe(pfn).lock(),
+        }
+    }
+
+    /// Linux's `trylock_page`: the page lock of frame `pfn` if it is free (an
+    /// access in progress makes a migration of the page fail rather than wait).
+    pub(crate) fn trylock_page(&self, pfn: Pfn) -> Option<PageGuard<'_>> {
+        let lock = self.inner.page_locks.stripe(pfn).try_lock()?;
+        Some(PageGuard { pfn, _lock: lock })
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The walk
+// ---------------------------------------------------------------------------------
+
+/// Linux's `rmap_walk_control`, reduced to what a walk of one mapping per page
+/// needs: the last space resolved, kept while consecutive pages belong to it
+/// (they mostly do). Holding it keeps the spaces it resolved alive: drop it when
+/// the batch of pages is done, with no lock held.
+#[derive(Default)]
+pub(crate) struct RmapWalkControl {
+    cur: Option<(u64, Option<Space>)>,
+    /// Spaces resolved before `cur`, dropped with the control: the walk runs
+    /// under a page lock, and dropping the last reference to a space unmaps all
+    /// of it, which is not work to do under a page lock.
+    retired: Vec<Space>,
+}
+
+impl RmapWalkControl {
+    fn space(&mut self, mm: &Mm, id: u64) -> Option<&Space> {
+        if !matches!(self.cur, Some((cid, _)) if cid == id) {
+            if let Some((_, Some(old))) = self.cur.take() {
+                self.retired.push(old);
+            }
+            self.cur = Some((id, mm.spaces().get(id)));
+        }
+        self.cur.as_ref().and_then(|(_, s)| s.as_ref())
+    }
+}
+
+/// One mapping of a page, as the walk hands it to its callback (the arguments of
+/// Linux's `rmap_one`): the space, the witness of its shared VMA lock, and the
+/// virtual page the reverse map recorded.
+pub(crate) struct RmapOne<'a> {
+    pub(crate) space: &'a SpaceInner,
+    pub(crate) held: &'a VmaTree,
+    pub(crate) vaddr: u64,
+}
+
+/// Linux's `rmap_walk` for an anonymous page: calls `rmap_one` on the mapping of
+/// the locked `page` (its own `mapping` word: an order-0 page, the head of a huge
+/// page, or a sub-page of a split one) under the space's shared VMA lock. `None`
+/// when the page is not mapped, its space is gone, or the VMA lock is held
+/// exclusively right now (an `mmap`/`munmap` in progress): page-side code never
+/// waits for it (see the lock order).
+pub(crate) fn rmap_walk<R>(
+    mm: &Mm,
+    page: &PageGuard<'_>,
+    rwc: &mut RmapWalkControl,
+    rmap_one: impl FnOnce(&RmapOne<'_>) -> R,
+) -> Option<R> {
+    let (id, vaddr) = decode(desc(mm, page.pfn()).mapping.load(Ordering::Acquire))?;
+    let space = rwc.space(mm, id)?.inner();
+    let held = space.try_read_lock()?;
+    Some(rmap_one(&RmapOne {
+        space,
+        held: &held,
+        vaddr,
+    }))
+}
+
+/// Does `e` map `page` as a present order-0 leaf (not huge, not a sub-page of a
+/// split huge page)?
+fn maps_order0(e: Pte, page: Pfn) -> bool {
+    e.is_present() && !e.is_huge() && !e.is_compound() && e.pfn() == page
+}
+
+/// Linux's `page_vma_mapped_walk`, for one order-0 page: the PTE slot at
+/// `m.vaddr` and its value, if it maps `page` as a present order-0 leaf. `None`
+/// if it does not (unmapped, remapped, a NUMA hint, a huge or split huge page).
+pub(crate) fn page_vma_mapped<'a>(m: &RmapOne<'a>, page: Pfn) -> Option<(&'a AtomicU64, Pte)> {
+    match m.space.follow_pte(m.held, m.vaddr)? {
+        (slot, e, 0) if maps_order0(e, page) => Some((slot, e)),
+        _ => None,
+    }
+}
+
+/// Linux's `try_to_unmap_one` (and `try_to_migrate_one`): replaces the present
+/// order-0 leaf that maps the locked `page` at `m.vaddr` by `make(old)` (a
+/// migration entry for migration, a swap entry for reclaim), by CAS: accessed or
+/// dirty bits an accessor sets meanwhile are kept in the entry `make` sees.
+/// Returns the slot and the entry replaced (its bits are the page's last
+/// accessed/dirty state); `None`, with nothing done, if the PTE does not map
+/// `page` that way. The reverse map and the page's reference are the caller's.
+pub(crate) fn try_to_unmap_one<'a>(
+    m: &RmapOne<'a>,
+    page: &PageGuard<'_>,
+    make: impl Fn(Pte) -> Pte,
+) -> Option<(&'a AtomicU64, Pte)> {
+    let (slot, mut cur) = page_vma_mapped(m, page.pfn())?;
+    loop {
+        match slot.compare_exchange(
+            cur.raw(),
+            make(cur).raw(),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => return Some((slot, cur)),
+            Err(now) => {
+                let now = Pte::from_raw(now);
+                if !maps_order0(now, page.pfn()) {
+                    return None;
+                }
+                cur = now; // only the accessed/dirty bits changed
+            }
+        }
+    }
+}
+
+/// Linux's `folio_referenced_one`: tests and clears the accessed bit of the
+/// entry that maps `page` at `m.vaddr` (a present order-0 leaf, or the huge PMD
+/// of a huge page whose head is `page`). True if it was set. For LRU aging.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn folio_referenced_one(m: &RmapOne<'_>, page: Pfn) -> bool {
+    let Some((slot, e, level)) = m.space.follow_pte(m.held, m.vaddr) else {
+        return false;
+    };
+    // A PTE maps `page` itself; a huge PMD (level 1) maps it as its head.
+    debug_assert!(level <= 1);
+    if !e.is_present() || e.pfn() != page {
+        return false;
+    }
+    let old = slot.fetch_and(!PTE_ACCESSED, Ordering::AcqRel);
+    old & PTE_ACCESSED != 0
+}
+
+/// Linux's `folio_referenced`: was the locked `page` accessed through its mapping
+/// since the last call (clearing the accessed bit)? `None` when the mapping could
+/// not be reached now (see [`rmap_walk`]).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn folio_referenced(
+    mm: &Mm,
+    page: &PageGuard<'_>,
+    rwc: &mut RmapWalkControl,
+) -> Option<bool> {
+    rmap_walk(mm, page, rwc, |m| folio_referenced_one(m, page.pfn()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Gfp, MapFlags};
 
     #[test]
     fn encode_roundtrip() {
@@ -159,5 +365,55 @@ mod tests {
         assert_eq!(decode(encode(MAX_SPACE_ID, va)), Some((MAX_SPACE_ID, va)));
         assert_eq!(decode(encode(1, 0)), Some((1, 0)));
         assert_eq!(decode(0), None);
+    }
+
+    /// The walk reaches the mapping of a locked page; `folio_referenced` tests and
+    /// clears the accessed bit; `try_to_unmap_one` replaces exactly the entry that
+    /// maps the page, and refuses one that does not.
+    #[test]
+    fn rmap_walk_reaches_the_mapping() {
+        let mm = crate::space::tests::mm();
+        let s = mm.new_space().unwrap();
+        let a = s.mmap(2 * PAGE_SIZE, MapFlags::empty()).unwrap();
+        s.write(a + PAGE_SIZE as u64, &[7]).unwrap();
+        let pfn = s.translate(a + PAGE_SIZE as u64).unwrap().pfn;
+        let mut rwc = RmapWalkControl::default();
+        {
+            let page = mm.trylock_page(pfn).unwrap();
+            assert!(mm.trylock_page(pfn).is_none(), "the page lock is held");
+            let (id, va) = rmap_walk(&mm, &page, &mut rwc, |m| (m.space.id(), m.vaddr)).unwrap();
+            assert_eq!((id, va), (s.id(), a + PAGE_SIZE as u64));
+            assert_eq!(folio_referenced(&mm, &page, &mut rwc), Some(true));
+            assert_eq!(folio_referenced(&mm, &page, &mut rwc), Some(false));
+            // A wrong frame is not unmapped.
+            let other = mm.trylock_page(Pfn::new(pfn.get() + 1)).unwrap();
+            let r = rmap_walk(&mm, &page, &mut rwc, |m| {
+                try_to_unmap_one(m, &other, |e| e.mk_migration()).is_none()
+            });
+            assert_eq!(r, Some(true));
+            drop(other);
+            // The right one is, and put back.
+            rmap_walk(&mm, &page, &mut rwc, |m| {
+                let (slot, old) = try_to_unmap_one(m, &page, |e| e.mk_migration()).unwrap();
+                assert!(Pte::from_raw(slot.load(Ordering::Acquire)).is_migration());
+                assert!(old.is_present() && old.is_dirty() && !old.is_accessed());
+                slot.store(old.raw(), Ordering::Release);
+            })
+            .unwrap();
+        }
+        // Touching it again sets the bit the walk cleared.
+        s.touch(a + PAGE_SIZE as u64, false).unwrap();
+        let page = mm.lock_page(pfn);
+        assert_eq!(folio_referenced(&mm, &page, &mut rwc), Some(true));
+        drop(page);
+        // A page no space maps has no walk.
+        let direct = mm.alloc_pages(Gfp::KERNEL, 0).unwrap();
+        let locked = mm.lock_page(direct);
+        assert_eq!(rmap_walk(&mm, &locked, &mut rwc, |_| ()), None);
+        drop((locked, rwc));
+        mm.free_pages(direct, 0).unwrap();
+        let mut buf = [0u8];
+        s.read(a + PAGE_SIZE as u64, &mut buf).unwrap();
+        assert_eq!(buf, [7]);
     }
 }
