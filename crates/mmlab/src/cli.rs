@@ -361,6 +361,38 @@ mod tests {
     }
 
     #[test]
+    fn set_and_compare_parse() {
+        let c = Cli::try_parse_from([
+            "mmlab",
+            "run",
+            "alloc_free",
+            "--set",
+            "merge=eager,pcp_high=fixed",
+            "--set",
+            "pcp=off",
+            "--variants",
+            "mmkit",
+        ])
+        .unwrap();
+        let Command::Run(a) = c.command else {
+            panic!("not run")
+        };
+        let names: Vec<String> = a.set.iter().map(|s| s.name()).collect();
+        assert_eq!(names, ["set:merge=eager,pcp_high=fixed", "set:pcp=off"]);
+        let e = Cli::try_parse_from(["mmlab", "run", "--set", "merge=sometimes"]).unwrap_err();
+        assert!(e.to_string().contains("eager|lazy|lazy-nomerge"), "{e}");
+        let e = Cli::try_parse_from(["mmlab", "run", "--set", "nope=1"]).unwrap_err();
+        assert!(e.to_string().contains("fault_around"), "{e}");
+        let c = Cli::try_parse_from(["mmlab", "compare", "a.jsonl", "b.jsonl", "--md"]).unwrap();
+        let Command::Compare(a) = c.command else {
+            panic!("not compare")
+        };
+        assert_eq!(a.files.len(), 2);
+        assert!(a.md);
+        assert!(Cli::try_parse_from(["mmlab", "compare", "a.jsonl"]).is_err());
+    }
+
+    #[test]
     fn list_names_everything() {
         let s = list_text();
         for w in workloads::all() {
@@ -370,5 +402,8 @@ mod tests {
             assert!(s.contains(v.name));
         }
         assert!(s.contains("zone_lock_contended_pct"));
+        for k in settings::KEYS {
+            assert!(s.contains(k.name), "{}", k.name);
+        }
     }
 }

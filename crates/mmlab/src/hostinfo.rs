@@ -99,7 +99,8 @@ pub fn describe(host: &Map<String, Value>) -> Vec<(String, String)> {
                 (_, Value::String(s)) => s.clone(),
                 (_, other) => other.to_string(),
             };
-            (k.clone(), text)
+            let key = k.strip_suffix("_bytes").unwrap_or(k);
+            (key.to_string(), text)
         })
         .collect()
 }
@@ -129,6 +130,6 @@ mod tests {
         assert!(h["cpus"].as_u64().unwrap() >= 1);
         assert!(h.get("memory_bytes").is_some());
         let lines = describe(&h);
-        assert!(lines.iter().any(|(k, v)| k == "memory_bytes" && v.ends_with("MiB")));
+        assert!(lines.iter().any(|(k, v)| k == "memory" && v.ends_with("MiB")));
     }
 }

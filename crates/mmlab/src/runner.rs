@@ -332,3 +332,59 @@ pub fn run(
     pb.finish_and_clear();
     Ok(all)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(variants: Option<Vec<String>>, sets: &[&str]) -> Config {
+        Config {
+            threads: Some(vec![1]),
+            variants,
+            timing: Timing {
+                warmup: Duration::from_millis(1),
+                duration: Duration::from_millis(5),
+                quick: true,
+            },
+            memory: 16 << 20,
+            progress: false,
+            rounds: 2,
+            settings: sets.iter().map(|s| Settings::parse(s).unwrap()).collect(),
+            params: serde_json::Map::new(),
+        }
+    }
+
+    #[test]
+    fn custom_variants_follow_the_named_ones() {
+        let w = workloads::by_name("alloc_free").unwrap();
+        let c = config(Some(vec!["mmkit".into()]), &["merge=eager", "pcp=off"]);
+        assert_eq!(
+            variants_for(w, &c),
+            ["mmkit", "set:merge=eager", "set:pcp=off"]
+        );
+        // Without --variants: mmkit alone, then the custom ones.
+        let c = config(None, &["pcp=off"]);
+        assert_eq!(variants_for(w, &c), ["mmkit", "set:pcp=off"]);
+        // A workload with its own variants takes them too.
+        let pf = workloads::by_name("page_fault1").unwrap();
+        assert_eq!(variants_for(pf, &c), ["mmkit", "set:pcp=off"]);
+        assert!(variants_for(w, &config(None, &[])).len() > 2);
+    }
+
+    #[test]
+    fn a_custom_variant_runs_and_records_its_rounds() {
+        let w = workloads::by_name("alloc_free").unwrap();
+        let c = config(Some(vec!["mmkit".into()]), &["merge=eager,fault_around=1"]);
+        let mut warnings = Vec::new();
+        let recs = run(&c, &[w], &mut warnings, |_, _| {}).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let r = recs
+            .iter()
+            .find(|r| r.variant == "set:merge=eager,fault_around=1" && r.metric == "ops_per_sec")
+            .unwrap();
+        assert!(r.value > 0.0);
+        assert_eq!(r.rounds.as_ref().map(Vec::len), Some(2));
+        let p = r.params.as_ref().unwrap();
+        assert_eq!(p["set"]["merge"], "eager");
+    }
+}
