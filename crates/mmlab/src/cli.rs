@@ -5,10 +5,10 @@
 use crate::compare;
 use crate::hostinfo;
 use crate::peers::VARIANTS;
-use crate::settings::{self, Settings};
 use crate::record::write_jsonl;
 use crate::report;
 use crate::runner::{self, Config, Timing};
+use crate::settings::{self, Settings};
 use crate::workloads::{self, Workload};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};

@@ -116,9 +116,8 @@ pub fn compare(runs: &[Run]) -> Vec<CompareTable> {
     }
     let mut out = Vec::new();
     for (workload, metric, case) in keys {
-        let of = |r: &&Record| {
-            r.workload == workload && r.metric == metric && r.case.as_deref() == case
-        };
+        let of =
+            |r: &&Record| r.workload == workload && r.metric == metric && r.case.as_deref() == case;
         let mut variants: Vec<&str> = Vec::new();
         let mut threads: Vec<usize> = Vec::new();
         for run in runs {
@@ -237,12 +236,18 @@ impl CompareTable {
 fn provenance(run: &Run) -> String {
     let params = run.records.iter().find_map(|r| r.params.as_ref());
     let mut parts = Vec::new();
-    if let Some(host) = params.and_then(|p| p.get("host")).and_then(|h| h.as_object()) {
+    if let Some(host) = params
+        .and_then(|p| p.get("host"))
+        .and_then(|h| h.as_object())
+    {
         for (k, v) in hostinfo::describe(host) {
             parts.push(format!("{k} {v}"));
         }
     }
-    if let Some(c) = params.and_then(|p| p.get("commit")).and_then(|c| c.as_str()) {
+    if let Some(c) = params
+        .and_then(|p| p.get("commit"))
+        .and_then(|c| c.as_str())
+    {
         parts.push(format!("commit {c}"));
     }
     if parts.is_empty() {
@@ -349,7 +354,10 @@ mod tests {
         );
         let t = compare(&[a, b]);
         assert_eq!(t.len(), 1);
-        assert_eq!(t[0].title, "alloc_free: ops_per_sec [1/s, higher is better]");
+        assert_eq!(
+            t[0].title,
+            "alloc_free: ops_per_sec [1/s, higher is better]"
+        );
         let text = t[0].render_text();
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[1].contains("threads") && lines[1].contains("variant"));
@@ -363,7 +371,10 @@ mod tests {
     fn different_variants_and_missing_points_show_a_dash() {
         let a = run(
             "A",
-            vec![rec("mmkit", 1, 1000.0, None), rec("mimalloc", 1, 800.0, None)],
+            vec![
+                rec("mmkit", 1, 1000.0, None),
+                rec("mimalloc", 1, 800.0, None),
+            ],
         );
         let b = run(
             "B",
@@ -383,14 +394,22 @@ mod tests {
             .collect();
         assert_eq!(
             rows,
-            [(1, "mmkit"), (2, "mmkit"), (1, "mimalloc"), (1, "set:pcp=off")]
+            [
+                (1, "mmkit"),
+                (2, "mmkit"),
+                (1, "mimalloc"),
+                (1, "set:pcp=off")
+            ]
         );
         let text = t[0].render_text();
         let lines: Vec<&str> = text.lines().collect();
         // No rounds: no noise mark.
         assert!(lines[2].contains("1100 (+10.0%)") && !lines[2].contains('~'));
         // mmkit at 2 threads only in B: the base is missing, the value stands alone.
-        assert!(lines[3].contains("-  1900  -") || lines[3].contains("1900"), "{text}");
+        assert!(
+            lines[3].contains("-  1900  -") || lines[3].contains("1900"),
+            "{text}"
+        );
         assert!(lines[4].trim_end().ends_with('-'), "{text}");
         assert!(lines[5].contains("500") && lines[5].contains('-'), "{text}");
     }
@@ -403,11 +422,18 @@ mod tests {
         y.metric = "zone_lock_contended_pct".into();
         let mut z = rec("mmkit", 1, 0.0, None);
         z.metric = "alloc_failures".into();
-        let a = run("A", vec![rec("mmkit", 1, 1.0, None), x.clone(), y.clone(), z]);
+        let a = run(
+            "A",
+            vec![rec("mmkit", 1, 1.0, None), x.clone(), y.clone(), z],
+        );
         let b = run("B", vec![x, y]);
         let t = compare(&[a, b]);
         let titles: Vec<&str> = t.iter().map(|t| t.title.as_str()).collect();
-        assert_eq!(titles.len(), 3, "all-zero alloc_failures hidden: {titles:?}");
+        assert_eq!(
+            titles.len(),
+            3,
+            "all-zero alloc_failures hidden: {titles:?}"
+        );
         assert!(titles[1].contains("(2MiB)"));
     }
 

@@ -64,8 +64,8 @@ pub fn host() -> Map<String, Value> {
 }
 
 /// The lab's git commit: `$MMLAB_COMMIT`, else `$GITHUB_SHA`, else
-/// `git rev-parse HEAD` run in the current directory (with " (dirty)" when the
-/// work tree has changes); `None` when none of these answers.
+/// `git rev-parse HEAD` in the current directory or else the executable's (with
+/// " (dirty)" when the work tree has changes); `None` when none of these answers.
 pub fn commit() -> Option<String> {
     for var in ["MMLAB_COMMIT", "GITHUB_SHA"] {
         if let Ok(v) = std::env::var(var) {
@@ -74,18 +74,33 @@ pub fn commit() -> Option<String> {
             }
         }
     }
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .stderr(std::process::Stdio::null())
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    let head = git(&["rev-parse", "HEAD"]).filter(|h| !h.is_empty())?;
-    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
-    Some(if dirty { format!("{head} (dirty)") } else { head })
+    // The current directory first, then the executable's (target/release of a
+    // checkout, wherever the lab is run from).
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.to_path_buf()));
+    let dirs = [Some(std::path::PathBuf::from(".")), exe_dir];
+    dirs.iter().flatten().find_map(|dir| {
+        let git = |args: &[&str]| {
+            std::process::Command::new("git")
+                .arg("-C")
+                .arg(dir)
+                .args(args)
+                .stderr(std::process::Stdio::null())
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        };
+        let head = git(&["rev-parse", "HEAD"]).filter(|h| !h.is_empty())?;
+        let dirty =
+            git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+        Some(if dirty {
+            format!("{head} (dirty)")
+        } else {
+            head
+        })
+    })
 }
 
 /// One line per fact, for the page and the compare header: "cpu: ...".
@@ -130,6 +145,8 @@ mod tests {
         assert!(h["cpus"].as_u64().unwrap() >= 1);
         assert!(h.get("memory_bytes").is_some());
         let lines = describe(&h);
-        assert!(lines.iter().any(|(k, v)| k == "memory" && v.ends_with("MiB")));
+        assert!(lines
+            .iter()
+            .any(|(k, v)| k == "memory" && v.ends_with("MiB")));
     }
 }

@@ -6,7 +6,9 @@
 //! and the `MmBuilder` call that applies it. Adding a policy (swap, NUMA) is one
 //! row; `mmlab list` and the error messages are made from the table.
 
-use mmkit::{ClearStrategy, MergePolicy, MmBuilder, PcpHighPolicy, PcpPolicy, RefillPolicy, Variant};
+use mmkit::{
+    ClearStrategy, MergePolicy, MmBuilder, PcpHighPolicy, PcpPolicy, RefillPolicy, Variant,
+};
 use serde_json::{Map, Value as Json};
 
 /// The prefix of a custom variant's name.
@@ -307,10 +309,12 @@ impl Settings {
     pub fn apply(&self, builder: MmBuilder) -> MmBuilder {
         let keyed = |name: &str| KEYS.iter().find(|k| k.name == name);
         let (base, rest): (Vec<_>, Vec<_>) = self.pairs.iter().partition(|(k, _)| *k == "base");
-        base.iter().chain(&rest).fold(builder, |b, (k, v)| match keyed(k) {
-            Some(key) => (key.apply)(b, *v),
-            None => b,
-        })
+        base.iter()
+            .chain(&rest)
+            .fold(builder, |b, (k, v)| match keyed(k) {
+                Some(key) => (key.apply)(b, *v),
+                None => b,
+            })
     }
 }
 
@@ -394,7 +398,10 @@ mod tests {
     #[test]
     fn bad_input_lists_what_is_valid() {
         let e = Settings::parse("mrge=eager").unwrap_err();
-        assert!(e.contains("unknown --set key") && e.contains("merge, refill"), "{e}");
+        assert!(
+            e.contains("unknown --set key") && e.contains("merge, refill"),
+            "{e}"
+        );
         let e = Settings::parse("merge=sometimes").unwrap_err();
         assert!(e.contains("eager|lazy|lazy-nomerge"), "{e}");
         let e = Settings::parse("fault_around=0").unwrap_err();
@@ -402,7 +409,9 @@ mod tests {
         let e = Settings::parse("fault_around=x").unwrap_err();
         assert!(e.contains("1..=64"), "{e}");
         assert!(Settings::parse("").unwrap_err().contains("empty"));
-        assert!(Settings::parse("merge=eager,").unwrap_err().contains("empty"));
+        assert!(Settings::parse("merge=eager,")
+            .unwrap_err()
+            .contains("empty"));
         assert!(Settings::parse("merge").unwrap_err().contains("key=value"));
         assert!(Settings::parse("pcp=on,pcp=off")
             .unwrap_err()

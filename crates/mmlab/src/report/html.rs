@@ -15,10 +15,10 @@ use crate::hostinfo;
 use anyhow::Result;
 use std::fmt::Write as _;
 
-const STYLE: &str = "body{font-family:sans-serif;margin:2em auto;max-width:1000px;\
+const STYLE: &str = "body{font-family:sans-serif;margin:2em auto;max-width:1200px;\
 color:#222;padding:0 1em}table{border-collapse:collapse;margin:.5em 0 1em}\
-th,td{border:1px solid #ccc;padding:2px 8px;text-align:right;font-variant-numeric:tabular-nums}\
-th{background:#f3f3f3}table.facts td,table.facts th{text-align:left}\
+th,td{border:1px solid #ccc;padding:2px 8px;text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
+th{background:#f3f3f3}section{overflow-x:auto}table.facts td,table.facts th{text-align:left}\
 pre{background:#f7f7f7;padding:.5em;overflow-x:auto}\
 .plot svg{max-width:100%;height:auto}#check{color:#888;font-size:small}";
 
@@ -98,11 +98,7 @@ pub fn page(info: &RunInfo, figures: &[String], sections: &[Section]) -> Result<
     }
     writeln!(h, "<h2>Workloads</h2>\n<ul>")?;
     for s in sections {
-        writeln!(
-            h,
-            "<li><a href=\"#{0}\">{0}</a></li>",
-            html_escape(s.name)
-        )?;
+        writeln!(h, "<li><a href=\"#{0}\">{0}</a></li>", html_escape(s.name))?;
     }
     writeln!(h, "</ul>")?;
     for s in sections {

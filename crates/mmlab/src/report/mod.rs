@@ -59,10 +59,7 @@ pub fn write_dir(
          record per figure). Percentages compare each column with the first.\n",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     )?;
-    writeln!(
-        index,
-        "All of it on one page: [index.html](index.html).\n"
-    )?;
+    writeln!(index, "All of it on one page: [index.html](index.html).\n")?;
     writeln!(index, "## Figures\n")?;
     let figure_lines = figures::figures(records);
     for f in &figure_lines {

@@ -226,14 +226,14 @@ fn bar_chart(table: &Table, root: &Area) -> Result<()> {
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let t = if threads == 1 { "thread" } else { "threads" };
     let mut chart = ChartBuilder::on(root)
-        .caption(format!("{} @ {threads} {t}", table.title()), ("sans-serif", 18))
+        .caption(
+            format!("{} @ {threads} {t}", table.title()),
+            ("sans-serif", 18),
+        )
         .margin(16)
         .x_label_area_size(40)
         .y_label_area_size(180)
-        .build_cartesian_2d(
-            0f64..max_value(table),
-            0f64..n as f64,
-        )
+        .build_cartesian_2d(0f64..max_value(table), 0f64..n as f64)
         .map_err(|e| err(&e))?;
     chart
         .configure_mesh()
