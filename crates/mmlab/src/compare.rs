@@ -53,27 +53,26 @@ pub fn parse(text: &str) -> Result<Vec<Record>> {
     Ok(out)
 }
 
-/// Short column labels: the file names without `.jsonl`, or the paths as given
-/// where two names are equal.
+/// Short column labels: the file names without `.jsonl`; where two are equal,
+/// with their directory (`a/run`), and where those are equal too, the paths as
+/// given.
 pub fn short_labels(paths: &[String]) -> Vec<String> {
-    let stems: Vec<String> = paths
-        .iter()
-        .map(|p| {
-            Path::new(p)
-                .file_name()
-                .map(|n| n.to_string_lossy().trim_end_matches(".jsonl").to_string())
-                .unwrap_or_else(|| p.clone())
-        })
-        .collect();
-    let unique = stems
-        .iter()
-        .enumerate()
-        .all(|(i, s)| !stems[..i].contains(s));
-    if unique {
-        stems
-    } else {
-        paths.to_vec()
+    let tail = |p: &String, n: usize| {
+        let parts: Vec<String> = Path::new(p)
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().to_string())
+            .collect();
+        let t = parts[parts.len().saturating_sub(n)..].join("/");
+        t.strip_suffix(".jsonl").map_or(t.clone(), str::to_string)
+    };
+    let unique = |v: &[String]| v.iter().enumerate().all(|(i, s)| !v[..i].contains(s));
+    for n in [1, 2] {
+        let labels: Vec<String> = paths.iter().map(|p| tail(p, n)).collect();
+        if unique(&labels) {
+            return labels;
+        }
     }
+    paths.to_vec()
 }
 
 /// One table of the comparison.
@@ -271,7 +270,11 @@ pub fn render(runs: &[Run], md: bool) -> String {
         })
         .collect();
     for (r, path) in runs.iter().zip(&labels) {
-        let line = format!("{}: {path}: {}", r.label, provenance(r));
+        let line = if r.label == *path {
+            format!("{path}: {}", provenance(r))
+        } else {
+            format!("{}: {path}: {}", r.label, provenance(r))
+        };
         if md {
             out += &format!("- {line}\n");
         } else {
@@ -464,8 +467,12 @@ mod tests {
             ["base", "new"]
         );
         assert_eq!(
-            short_labels(&["a/r.jsonl".into(), "b/r.jsonl".into()]),
-            ["a/r.jsonl", "b/r.jsonl"]
+            short_labels(&["/x/a/r.jsonl".into(), "/x/b/r.jsonl".into()]),
+            ["a/r", "b/r"]
+        );
+        assert_eq!(
+            short_labels(&["x/a/r.jsonl".into(), "y/a/r.jsonl".into()]),
+            ["x/a/r.jsonl", "y/a/r.jsonl"]
         );
     }
 }

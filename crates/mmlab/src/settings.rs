@@ -59,6 +59,15 @@ fn on(v: Value) -> bool {
     v == Value::Name("on")
 }
 
+/// `a` if the value is the name `first`, else `b` (a key of two values).
+fn pick<T>(v: Value, first: &'static str, a: T, b: T) -> T {
+    if v == Value::Name(first) {
+        a
+    } else {
+        b
+    }
+}
+
 fn num(v: Value) -> u64 {
     match v {
         Value::Num(n) => n,
@@ -92,7 +101,7 @@ pub const KEYS: &[Key] = &[
         values: Values::Names(ON_OFF),
         default: "on",
         description: "per-CPU page lists for orders 0..=3 (off: every call takes the zone lock)",
-        apply: |b, v| b.pcp(if on(v) { PcpPolicy::On } else { PcpPolicy::Off }),
+        apply: |b, v| b.pcp(pick(v, "on", PcpPolicy::On, PcpPolicy::Off)),
     },
     Key {
         name: "pcp_high",
@@ -100,13 +109,7 @@ pub const KEYS: &[Key] = &[
         values: Values::Names(&["fixed", "auto"]),
         default: "auto",
         description: "per-CPU high: fixed 6 * batch (Linux before 6.7) or auto-tuned (6.7)",
-        apply: |b, v| {
-            b.pcp_high(if v == Value::Name("fixed") {
-                PcpHighPolicy::Fixed
-            } else {
-                PcpHighPolicy::Auto
-            })
-        },
+        apply: |b, v| b.pcp_high(pick(v, "fixed", PcpHighPolicy::Fixed, PcpHighPolicy::Auto)),
     },
     Key {
         name: "pcp_batch",
@@ -146,11 +149,12 @@ pub const KEYS: &[Key] = &[
         default: "cluster",
         description: "per-CPU refill: one buddy allocation per page, or contiguous runs",
         apply: |b, v| {
-            b.refill(if v == Value::Name("page-by-page") {
-                RefillPolicy::PageByPage
-            } else {
-                RefillPolicy::Cluster
-            })
+            b.refill(pick(
+                v,
+                "page-by-page",
+                RefillPolicy::PageByPage,
+                RefillPolicy::Cluster,
+            ))
         },
     },
     Key {
