@@ -426,10 +426,15 @@ mod tests {
     fn base_applies_first() {
         // fault_around=4 then base=mmkit-eager: the preset must not undo it.
         let s = Settings::parse("fault_around=4,base=mmkit-eager").unwrap();
-        let b = s.apply(mmkit::Mm::builder());
-        let text = format!("{b:?}");
-        assert!(text.contains("fault_around: 4"), "{text}");
-        assert!(text.contains("merge: Eager"), "{text}");
+        let got = format!("{:?}", s.apply(mmkit::Mm::builder()));
+        let want = mmkit::Mm::builder()
+            .variant(Variant::MmkitEager)
+            .fault_around(4);
+        assert_eq!(got, format!("{want:?}"));
+        let not = mmkit::Mm::builder()
+            .fault_around(4)
+            .variant(Variant::MmkitEager);
+        assert_ne!(got, format!("{not:?}"), "the preset resets fault-around");
     }
 
     #[test]
