@@ -2,10 +2,13 @@
 //! into a `runner::Config`, runs, prints the tables and the figures, and writes
 //! the report directory and the optional JSON Lines file.
 
+use crate::compare;
+use crate::hostinfo;
 use crate::peers::VARIANTS;
 use crate::record::write_jsonl;
 use crate::report;
 use crate::runner::{self, Config, Timing};
+use crate::settings::{self, Settings};
 use crate::workloads::{self, Workload};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -39,8 +42,22 @@ struct Cli {
 enum Command {
     /// Run workloads (default: all) in every variant and thread count.
     Run(RunArgs),
-    /// List the workloads, variants and metrics.
+    /// List the workloads, variants, metrics and the keys of --set.
     List,
+    /// Compare runs: for each point, a column per JSON Lines file with the
+    /// change against the first (~: within the spread of the rounds).
+    Compare(CompareArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct CompareArgs {
+    /// JSON Lines files of `mmlab run --json` (or a report's results.jsonl); the
+    /// first is the baseline.
+    #[arg(required = true, num_args = 2.., value_name = "FILE")]
+    files: Vec<PathBuf>,
+    /// Markdown tables instead of aligned text.
+    #[arg(long)]
+    md: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -57,6 +74,12 @@ struct RunArgs {
     /// [default: all that apply].
     #[arg(long, value_delimiter = ',')]
     variants: Option<Vec<String>>,
+    /// A custom variant: mmkit's defaults changed by KEY=VALUE settings, e.g.
+    /// `--set merge=eager,pcp_high=fixed`; named `set:merge=eager,pcp_high=fixed`.
+    /// Repeat for several; they follow the --variants columns [without
+    /// --variants: after `mmkit` alone]. `mmlab list` shows the keys.
+    #[arg(long = "set", value_name = "KEY=VALUE,...", value_parser = parse_settings)]
+    set: Vec<Settings>,
     /// Measured interval per point in ms [default: 500, quick: 150].
     #[arg(long)]
     duration_ms: Option<u64>,
@@ -77,6 +100,10 @@ struct RunArgs {
     /// 256M, 1G, 512MiB [default: 1G, quick: 256M].
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     memory: Option<u64>,
+}
+
+fn parse_settings(s: &str) -> Result<Settings, String> {
+    Settings::parse(s)
 }
 
 /// Parses "1073741824", "256M", "256MiB", "1g", "64k" (binary multiples).
@@ -112,6 +139,10 @@ pub fn main() -> Result<()> {
             Ok(())
         }
         Command::Run(args) => run(args),
+        Command::Compare(args) => {
+            print!("{}", compare::run(&args.files, args.md)?);
+            Ok(())
+        }
     }
 }
 
@@ -141,6 +172,7 @@ fn list_text() -> String {
             }
         }
     }
+    s += &settings::list_text();
     s += "metrics:\n";
     for m in workloads::all_metrics() {
         let only = if m.mmkit_only {
@@ -181,7 +213,15 @@ fn run(args: RunArgs) -> Result<()> {
                         }
                     }
                 }
-                bail!("unknown variant {name:?}; variants: {}", names.join(", "));
+                let hint = if settings::is_custom(name) {
+                    " (custom variants go in --set)"
+                } else {
+                    ""
+                };
+                bail!(
+                    "unknown variant {name:?}{hint}; variants: {}",
+                    names.join(", ")
+                );
             }
         }
     }
@@ -202,6 +242,16 @@ fn run(args: RunArgs) -> Result<()> {
     let memory = args
         .memory
         .unwrap_or(if args.quick { QUICK_MEMORY } else { MEMORY });
+    let command: Vec<String> = std::env::args().collect();
+    let command = command.join(" ");
+    let host = hostinfo::host();
+    let commit = hostinfo::commit();
+    let mut params = serde_json::Map::new();
+    params.insert("host".into(), host.clone().into());
+    params.insert("command".into(), command.clone().into());
+    if let Some(c) = &commit {
+        params.insert("commit".into(), c.clone().into());
+    }
     let config = Config {
         threads: args.threads.clone(),
         variants: args.variants.clone(),
@@ -213,15 +263,22 @@ fn run(args: RunArgs) -> Result<()> {
         memory: usize::try_from(memory).context("--memory does not fit this machine")?,
         progress: !args.quick && std::io::stdout().is_terminal(),
         rounds: args.rounds.unwrap_or(if args.quick { 1 } else { ROUNDS }),
+        settings: args.set.clone(),
+        params,
     };
-    let command: Vec<String> = std::env::args().collect();
-    let command = command.join(" ");
+    let facts: Vec<String> = hostinfo::describe(&host)
+        .into_iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
     println!(
-        "# {command}\n# {} ms per point after {} ms warmup, median of {} rounds, {} MiB arena\n",
+        "# {command}\n# {} ms per point after {} ms warmup, median of {} rounds, {} MiB arena\n\
+         # host: {}; commit {}\n",
         duration_ms,
         warmup_ms,
         config.rounds,
-        memory >> 20
+        memory >> 20,
+        facts.join(", "),
+        commit.as_deref().unwrap_or("unknown")
     );
 
     let mut warnings = Vec::new();
@@ -242,7 +299,13 @@ fn run(args: RunArgs) -> Result<()> {
             .with_context(|| format!("creating --json {}", path.display()))?;
         write_jsonl(std::io::BufWriter::new(f), &records)?;
     }
-    report::write_dir(&args.report, &list, &records, &command, &warnings)?;
+    let meta = report::RunInfo {
+        command: &command,
+        commit: commit.as_deref(),
+        host: &host,
+        warnings: &warnings,
+    };
+    report::write_dir(&args.report, &list, &records, &meta)?;
     println!("\nreport written to {}/", args.report.display());
     if !warnings.is_empty() {
         bail!(
@@ -298,6 +361,38 @@ mod tests {
     }
 
     #[test]
+    fn set_and_compare_parse() {
+        let c = Cli::try_parse_from([
+            "mmlab",
+            "run",
+            "alloc_free",
+            "--set",
+            "merge=eager,pcp_high=fixed",
+            "--set",
+            "pcp=off",
+            "--variants",
+            "mmkit",
+        ])
+        .unwrap();
+        let Command::Run(a) = c.command else {
+            panic!("not run")
+        };
+        let names: Vec<String> = a.set.iter().map(|s| s.name()).collect();
+        assert_eq!(names, ["set:merge=eager,pcp_high=fixed", "set:pcp=off"]);
+        let e = Cli::try_parse_from(["mmlab", "run", "--set", "merge=sometimes"]).unwrap_err();
+        assert!(e.to_string().contains("eager|lazy|lazy-nomerge"), "{e}");
+        let e = Cli::try_parse_from(["mmlab", "run", "--set", "nope=1"]).unwrap_err();
+        assert!(e.to_string().contains("fault_around"), "{e}");
+        let c = Cli::try_parse_from(["mmlab", "compare", "a.jsonl", "b.jsonl", "--md"]).unwrap();
+        let Command::Compare(a) = c.command else {
+            panic!("not compare")
+        };
+        assert_eq!(a.files.len(), 2);
+        assert!(a.md);
+        assert!(Cli::try_parse_from(["mmlab", "compare", "a.jsonl"]).is_err());
+    }
+
+    #[test]
     fn list_names_everything() {
         let s = list_text();
         for w in workloads::all() {
@@ -307,5 +402,8 @@ mod tests {
             assert!(s.contains(v.name));
         }
         assert!(s.contains("zone_lock_contended_pct"));
+        for k in settings::KEYS {
+            assert!(s.contains(k.name), "{}", k.name);
+        }
     }
 }

@@ -9,15 +9,21 @@
 //!   timed multi-thread harness the workloads use;
 //! - `peers`: the variants: mmkit's policies and the peer allocators;
 //! - `workloads/`: one file per workload, behind the `Workload` trait;
+//! - `settings`: the keys of `--set` (custom variants from builder policies);
 //! - `record`: the JSON Lines record, one per figure;
+//! - `compare`: `mmlab compare`, several runs' records side by side;
+//! - `hostinfo`: where a run was measured (host facts, git commit);
 //! - `report/`: tables (`table`), plots (`plot`), the figures (`figures`)
 //!   and the report directory (`mod`).
 
 mod cli;
+mod compare;
+mod hostinfo;
 mod peers;
 mod record;
 mod report;
 mod runner;
+mod settings;
 mod workloads;
 
 fn main() -> anyhow::Result<()> {

@@ -209,6 +209,10 @@ impl Peer {
     /// Builds variant `name` with `memory` bytes (mmkit's arena, the buddy peer's
     /// buffer; the mallocs take memory from the host as they need it).
     pub fn create(name: &str, memory: usize) -> Result<Peer> {
+        if crate::settings::is_custom(name) {
+            let s = crate::settings::Settings::parse(name).map_err(|e| anyhow!(e))?;
+            return Peer::from_settings(&s, memory);
+        }
         if let Some(v) = Variant::from_name(name) {
             let mm = Mm::builder()
                 .memory(memory)
@@ -216,12 +220,7 @@ impl Peer {
                 .prefault(true)
                 .build()
                 .with_context(|| format!("building mmkit variant {name} with {memory} bytes"))?;
-            let initial_free = mm.nr_free_pages();
-            return Ok(Peer::Mmkit(MmPeer {
-                mm,
-                initial_free,
-                free_errors: AtomicU64::new(0),
-            }));
+            return Ok(Peer::of_mm(mm));
         }
         match name {
             "mimalloc" => Ok(Peer::Mimalloc),
@@ -247,12 +246,30 @@ impl Peer {
             .prefault(true)
             .build()
             .with_context(|| format!("building mmkit variant {name} with {memory} bytes"))?;
+        Ok(Peer::of_mm(mm))
+    }
+
+    /// An mmkit peer over `mm`, its free count taken now.
+    fn of_mm(mm: Mm) -> Peer {
         let initial_free = mm.nr_free_pages();
-        Ok(Peer::Mmkit(MmPeer {
+        Peer::Mmkit(MmPeer {
             mm,
             initial_free,
             free_errors: AtomicU64::new(0),
-        }))
+        })
+    }
+
+    /// A custom variant (`--set`): mmkit with `settings` on a prefaulted arena of
+    /// `memory` bytes.
+    pub fn from_settings(settings: &crate::settings::Settings, memory: usize) -> Result<Peer> {
+        let name = settings.name();
+        let mm = settings
+            .apply(Mm::builder())
+            .memory(memory)
+            .prefault(true)
+            .build()
+            .with_context(|| format!("building custom variant {name} with {memory} bytes"))?;
+        Ok(Peer::of_mm(mm))
     }
 
     /// The `Mm` of an mmkit variant.

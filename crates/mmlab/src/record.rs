@@ -20,6 +20,24 @@ pub struct Record {
     pub case: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub params: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The value of every round, in run order, when a point ran more than one
+    /// round (`value` is their median); `mmlab compare` takes the spread from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rounds: Option<Vec<f64>>,
+}
+
+impl Record {
+    /// The spread of the rounds, max - min (0 without rounds).
+    pub fn spread(&self) -> f64 {
+        match &self.rounds {
+            Some(r) if !r.is_empty() => {
+                let max = r.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let min = r.iter().copied().fold(f64::INFINITY, f64::min);
+                max - min
+            }
+            _ => 0.0,
+        }
+    }
 }
 
 impl Record {
@@ -94,6 +112,7 @@ mod tests {
             unit: "1/s".into(),
             case: None,
             params: None,
+            rounds: None,
         }
     }
 

@@ -19,6 +19,7 @@
 
 use crate::peers::Peer;
 use crate::record::Record;
+use crate::settings::Settings;
 use crate::workloads::{self, Workload};
 use anyhow::Result;
 use crossbeam_utils::CachePadded;
@@ -54,6 +55,10 @@ pub struct Config {
     pub progress: bool,
     /// Rounds per point (variants interleaved in each round); the median is reported.
     pub rounds: usize,
+    /// Custom variants (`--set`), after the named ones.
+    pub settings: Vec<Settings>,
+    /// Put into every record's params (the host, the command line, the commit).
+    pub params: serde_json::Map<String, serde_json::Value>,
 }
 
 /// One unit of a workload's per-thread loop.
@@ -189,20 +194,44 @@ fn pin_to_cpu(cpu: usize) {
 
 /// The variants `workload` runs in under `config`, in column order: those of
 /// `--variants` that it knows (its own variants, or the allocator variants), else
-/// every one it applies to.
+/// every one it applies to (only `mmkit`, when there are custom variants); then
+/// the custom variants of `--set`, for a workload that has mmkit variants.
 pub fn variants_for(workload: &dyn Workload, config: &Config) -> Vec<String> {
     let known = workloads::variants_of(workload);
-    match &config.variants {
+    let mut names: Vec<String> = match &config.variants {
         Some(v) => v
             .iter()
             .filter(|n| known.iter().any(|k| k.name == n.as_str()))
             .cloned()
+            .collect(),
+        None if !config.settings.is_empty() => known
+            .iter()
+            .filter(|v| v.name == "mmkit")
+            .map(|v| v.name.to_string())
             .collect(),
         None => known
             .iter()
             .map(|v| v.name.to_string())
             .filter(|v| workload.applies_to(v))
             .collect(),
+    };
+    if known.iter().any(|k| k.name.starts_with("mmkit")) {
+        for s in &config.settings {
+            let name = s.name();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    names
+}
+
+/// Builds variant `name` of `w`: a custom variant from its settings with the
+/// workload's mmkit arena, any other as the workload builds it.
+fn build_variant(w: &dyn Workload, name: &str, config: &Config) -> Result<Peer> {
+    match config.settings.iter().find(|s| s.name() == name) {
+        Some(s) => Peer::from_settings(s, w.mmkit_arena(config)),
+        None => w.build(name, config),
     }
 }
 
@@ -262,7 +291,7 @@ pub fn run(
         ));
         let peers = variants
             .iter()
-            .map(|v| w.build(v, config))
+            .map(|v| build_variant(w, v, config))
             .collect::<Result<Vec<_>>>()?;
         let mut records = Vec::new();
         for &t in &threads {
@@ -280,7 +309,13 @@ pub fn run(
             }
             for (name, r) in variants.iter().zip(&rounds) {
                 let figures = workloads::median_figures(r);
-                records.extend(workloads::to_records(w, name, t, config, figures));
+                let mut recs = workloads::to_records(w, name, t, config, figures);
+                if r.len() > 1 {
+                    for rec in &mut recs {
+                        rec.rounds = Some(workloads::round_values(r, &rec.metric, &rec.case));
+                    }
+                }
+                records.extend(recs);
             }
         }
         for (name, peer) in variants.iter().zip(&peers) {
@@ -296,4 +331,60 @@ pub fn run(
     }
     pb.finish_and_clear();
     Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(variants: Option<Vec<String>>, sets: &[&str]) -> Config {
+        Config {
+            threads: Some(vec![1]),
+            variants,
+            timing: Timing {
+                warmup: Duration::from_millis(1),
+                duration: Duration::from_millis(5),
+                quick: true,
+            },
+            memory: 16 << 20,
+            progress: false,
+            rounds: 2,
+            settings: sets.iter().map(|s| Settings::parse(s).unwrap()).collect(),
+            params: serde_json::Map::new(),
+        }
+    }
+
+    #[test]
+    fn custom_variants_follow_the_named_ones() {
+        let w = workloads::by_name("alloc_free").unwrap();
+        let c = config(Some(vec!["mmkit".into()]), &["merge=eager", "pcp=off"]);
+        assert_eq!(
+            variants_for(w, &c),
+            ["mmkit", "set:merge=eager", "set:pcp=off"]
+        );
+        // Without --variants: mmkit alone, then the custom ones.
+        let c = config(None, &["pcp=off"]);
+        assert_eq!(variants_for(w, &c), ["mmkit", "set:pcp=off"]);
+        // A workload with its own variants takes them too.
+        let pf = workloads::by_name("page_fault1").unwrap();
+        assert_eq!(variants_for(pf, &c), ["mmkit", "set:pcp=off"]);
+        assert!(variants_for(w, &config(None, &[])).len() > 2);
+    }
+
+    #[test]
+    fn a_custom_variant_runs_and_records_its_rounds() {
+        let w = workloads::by_name("alloc_free").unwrap();
+        let c = config(Some(vec!["mmkit".into()]), &["merge=eager,fault_around=1"]);
+        let mut warnings = Vec::new();
+        let recs = run(&c, &[w], &mut warnings, |_, _| {}).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let r = recs
+            .iter()
+            .find(|r| r.variant == "set:merge=eager,fault_around=1" && r.metric == "ops_per_sec")
+            .unwrap();
+        assert!(r.value > 0.0);
+        assert_eq!(r.rounds.as_ref().map(Vec::len), Some(2));
+        let p = r.params.as_ref().unwrap();
+        assert_eq!(p["set"]["merge"], "eager");
+    }
 }

@@ -226,6 +226,7 @@ mod tests {
             unit: String::new(),
             case: None,
             params: None,
+            rounds: None,
         }
     }
 

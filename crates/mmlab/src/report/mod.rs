@@ -1,9 +1,10 @@
 //! The report: tables on stdout after each workload, and the report directory:
 //! `results.jsonl` (every record), `<workload>.md` (its tables, with its plots),
-//! `<workload>_<metric>.svg` (the plots) and `README.md` (an index, the command line,
-//! the figures).
+//! `<workload>_<metric>.svg` (the plots), `README.md` (an index, the command line,
+//! the figures) and `index.html` (all of it on one self-contained page).
 
 pub mod figures;
+pub mod html;
 pub mod plot;
 pub mod table;
 
@@ -24,14 +25,22 @@ pub fn text_tables(w: &dyn Workload, records: &[Record]) -> String {
     out
 }
 
+/// What the report says about the run itself.
+pub struct RunInfo<'a> {
+    pub command: &'a str,
+    pub commit: Option<&'a str>,
+    pub host: &'a serde_json::Map<String, serde_json::Value>,
+    pub warnings: &'a [String],
+}
+
 /// Writes the report directory `dir` (created if missing).
 pub fn write_dir(
     dir: &Path,
     workloads: &[&dyn Workload],
     records: &[Record],
-    command: &str,
-    warnings: &[String],
+    info: &RunInfo,
 ) -> Result<()> {
+    let (command, warnings) = (info.command, info.warnings);
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let jsonl = dir.join("results.jsonl");
     write_jsonl(
@@ -50,8 +59,10 @@ pub fn write_dir(
          record per figure). Percentages compare each column with the first.\n",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     )?;
+    writeln!(index, "All of it on one page: [index.html](index.html).\n")?;
     writeln!(index, "## Figures\n")?;
-    for f in figures::figures(records) {
+    let figure_lines = figures::figures(records);
+    for f in &figure_lines {
         writeln!(index, "- {f}")?;
     }
     if !warnings.is_empty() {
@@ -61,6 +72,7 @@ pub fn write_dir(
         }
     }
     writeln!(index, "\n## Tables\n")?;
+    let mut sections = Vec::new();
     for w in workloads {
         let tables = table::tables(w.name(), w.metrics(), records);
         let mut md = format!("# {}\n\n{}\n", w.name(), w.description());
@@ -90,7 +102,15 @@ pub fn write_dir(
         }
         let path = dir.join(format!("{}.md", w.name()));
         fs::write(&path, md).with_context(|| format!("writing {}", path.display()))?;
+        sections.push(html::Section {
+            name: w.name(),
+            description: w.description(),
+            tables,
+        });
     }
+    let path = dir.join("index.html");
+    fs::write(&path, html::page(info, &figure_lines, &sections)?)
+        .with_context(|| format!("writing {}", path.display()))?;
     let path = dir.join("README.md");
     fs::write(&path, index).with_context(|| format!("writing {}", path.display()))?;
     Ok(())

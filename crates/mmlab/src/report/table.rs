@@ -124,43 +124,94 @@ impl Table {
     /// Aligned plain text, title first, for the terminal.
     pub fn render_text(&self) -> String {
         let (header, body) = self.grid();
-        let widths: Vec<usize> = (0..header.len())
-            .map(|c| {
-                body.iter()
-                    .map(|r| r[c].len())
-                    .chain([header[c].len()])
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let line = |cells: &[String]| {
-            let parts: Vec<String> = cells
-                .iter()
-                .zip(&widths)
-                .map(|(s, w)| format!("{s:>w$}"))
-                .collect();
-            parts.join("  ")
-        };
-        let mut out = format!("{}\n", self.title());
-        out += &line(&header);
-        out.push('\n');
-        for r in &body {
-            out += &line(r);
-            out.push('\n');
-        }
-        out
+        grid_text(&self.title(), &header, &body)
     }
 
     /// A Markdown table (no title).
     pub fn render_markdown(&self) -> String {
         let (header, body) = self.grid();
-        let mut out = format!("| {} |\n", header.join(" | "));
-        out += &format!("|{}\n", "---:|".repeat(header.len()));
-        for r in &body {
-            out += &format!("| {} |\n", r.join(" | "));
-        }
-        out
+        grid_markdown(&header, &body)
     }
+
+    /// An HTML table (no title).
+    pub fn render_html(&self) -> String {
+        let (header, body) = self.grid();
+        grid_html(&header, &body)
+    }
+}
+
+/// A grid of cells as aligned plain text (right-aligned columns, two spaces
+/// apart), under `title`.
+pub fn grid_text(title: &str, header: &[String], body: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| {
+            body.iter()
+                .map(|r| r[c].len())
+                .chain([header[c].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: &[String]| {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(s, w)| format!("{s:>w$}"))
+            .collect();
+        parts.join("  ")
+    };
+    let mut out = format!("{title}\n");
+    out += &line(header);
+    out.push('\n');
+    for r in body {
+        out += &line(r);
+        out.push('\n');
+    }
+    out
+}
+
+/// A grid of cells as a Markdown table, right-aligned.
+pub fn grid_markdown(header: &[String], body: &[Vec<String>]) -> String {
+    let mut out = format!("| {} |\n", header.join(" | "));
+    out += &format!("|{}\n", "---:|".repeat(header.len()));
+    for r in body {
+        out += &format!("| {} |\n", r.join(" | "));
+    }
+    out
+}
+
+/// Escapes `&`, `<`, `>` and `"` for HTML text and attributes.
+pub fn html_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out += "&amp;",
+            '<' => out += "&lt;",
+            '>' => out += "&gt;",
+            '"' => out += "&quot;",
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A grid of cells as an HTML table.
+pub fn grid_html(header: &[String], body: &[Vec<String>]) -> String {
+    let row = |cells: &[String], tag: &str| {
+        let cells: String = cells
+            .iter()
+            .map(|c| format!("<{tag}>{}</{tag}>", html_escape(c)))
+            .collect();
+        format!("<tr>{cells}</tr>\n")
+    };
+    let mut out = String::from("<table>\n<thead>");
+    out += &row(header, "th");
+    out += "</thead>\n<tbody>\n";
+    for r in body {
+        out += &row(r, "td");
+    }
+    out += "</tbody>\n</table>\n";
+    out
 }
 
 /// Pushes `x` unless present; keeps first-seen order.
@@ -249,6 +300,7 @@ mod tests {
             unit: "1/s".into(),
             case: None,
             params: None,
+            rounds: None,
         }
     }
 

@@ -425,6 +425,10 @@ impl Workload for ClearHuge {
         Some(VARIANTS)
     }
 
+    fn mmkit_arena(&self, config: &Config) -> usize {
+        self.arena(config)
+    }
+
     fn build(&self, variant: &str, config: &Config) -> Result<Peer> {
         let Some(info) = VARIANTS.iter().find(|v| v.name == variant) else {
             bail!("unknown variant {variant:?} for clear_huge");

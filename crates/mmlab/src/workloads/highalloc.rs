@@ -190,6 +190,10 @@ impl Workload for HighAlloc {
         Some(VARIANTS)
     }
 
+    fn mmkit_arena(&self, config: &Config) -> usize {
+        arena(config)
+    }
+
     fn build(&self, variant: &str, config: &Config) -> Result<Peer> {
         build_variant(variant, arena(config))
     }

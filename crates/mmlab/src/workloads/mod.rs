@@ -155,6 +155,11 @@ pub trait Workload: Sync {
     fn build(&self, variant: &str, config: &Config) -> Result<Peer> {
         Peer::create(variant, config.memory)
     }
+    /// The arena of its mmkit variants under `config`; custom variants (`--set`)
+    /// get the same.
+    fn mmkit_arena(&self, config: &Config) -> usize {
+        config.memory
+    }
     /// Measures one point: `threads` threads on `peer` for `timing`.
     fn run(&self, peer: &Peer, threads: usize, timing: &Timing) -> Vec<Figure>;
     /// Whether the runner may repeat a point `--rounds` times and report the
@@ -194,8 +199,16 @@ pub fn is_variant(name: &str) -> bool {
             .any(|w| variants_of(*w).iter().any(|v| v.name == name))
 }
 
-/// The median of `v` (the mean of the middle two for an even count); `None` when
-/// `v` is empty. NaNs sort last.
+/// The values of one figure (metric and case) in every round, in round order.
+pub fn round_values(rounds: &[Vec<Figure>], metric: &str, case: &Option<String>) -> Vec<f64> {
+    rounds
+        .iter()
+        .flat_map(|r| r.iter())
+        .filter(|g| g.metric == metric && &g.case == case)
+        .map(|g| g.value)
+        .collect()
+}
+
 /// Per figure (metric and case) of the first round, the median over all rounds.
 pub fn median_figures(rounds: &[Vec<Figure>]) -> Vec<Figure> {
     let Some(first) = rounds.first() else {
@@ -203,21 +216,15 @@ pub fn median_figures(rounds: &[Vec<Figure>]) -> Vec<Figure> {
     };
     first
         .iter()
-        .map(|f| {
-            let vals: Vec<f64> = rounds
-                .iter()
-                .flat_map(|r| r.iter())
-                .filter(|g| g.metric == f.metric && g.case == f.case)
-                .map(|g| g.value)
-                .collect();
-            Figure {
-                value: median(&vals).unwrap_or(f.value),
-                ..f.clone()
-            }
+        .map(|f| Figure {
+            value: median(&round_values(rounds, f.metric, &f.case)).unwrap_or(f.value),
+            ..f.clone()
         })
         .collect()
 }
 
+/// The median of `v` (the mean of the middle two for an even count); `None` when
+/// `v` is empty. NaNs sort last.
 pub fn median(v: &[f64]) -> Option<f64> {
     if v.is_empty() {
         return None;
@@ -309,6 +316,10 @@ pub fn to_records(
     );
     params.insert("memory_bytes".into(), (config.memory as u64).into());
     params.extend(workload.params_for(config));
+    if let Some(s) = config.settings.iter().find(|s| s.name() == variant) {
+        params.insert("set".into(), s.to_json().into());
+    }
+    params.extend(config.params.clone());
     figures
         .into_iter()
         .map(|f| Record {
@@ -320,6 +331,7 @@ pub fn to_records(
             unit: unit_of(workload, f.metric).to_string(),
             case: f.case,
             params: Some(params.clone()),
+            rounds: None,
         })
         .collect()
 }
@@ -477,6 +489,8 @@ mod tests {
             memory: 64 << 20,
             progress: false,
             rounds: 1,
+            settings: Vec::new(),
+            params: Map::new(),
         };
         for w in all() {
             let Some(own) = w.own_variants() else {

@@ -203,6 +203,10 @@ impl Workload for Order0ThpMix {
         Some(VARIANTS)
     }
 
+    fn mmkit_arena(&self, config: &Config) -> usize {
+        self.arena(config)
+    }
+
     fn build(&self, variant: &str, config: &Config) -> Result<Peer> {
         build_variant(variant, self.arena(config))
     }

@@ -204,6 +204,10 @@ impl Workload for PageFault1 {
         Some(VARIANTS)
     }
 
+    fn mmkit_arena(&self, config: &Config) -> usize {
+        self.arena(config)
+    }
+
     fn build(&self, variant: &str, config: &Config) -> Result<Peer> {
         build_preset(VARIANTS, variant, self.arena(config))
     }

@@ -122,6 +122,10 @@ impl Workload for ParallelFree {
         Some(VARIANTS)
     }
 
+    fn mmkit_arena(&self, config: &Config) -> usize {
+        self.arena(config)
+    }
+
     fn build(&self, variant: &str, config: &Config) -> Result<Peer> {
         super::page_fault1::build_preset(VARIANTS, variant, self.arena(config))
     }
