@@ -501,12 +501,25 @@ mod tests {
                 let peer = w.build(v.name, &config).unwrap();
                 for t in [1, 2] {
                     peer.settle();
-                    let f = w.run(&peer, t, &timing);
-                    let vals: Vec<f64> = f
-                        .iter()
-                        .filter(|x| x.metric == first)
-                        .map(|x| x.value)
-                        .collect();
+                    let mut f = w.run(&peer, t, &timing);
+                    let measured = |f: &[Figure]| {
+                        f.iter()
+                            .filter(|x| x.metric == first)
+                            .map(|x| x.value)
+                            .collect::<Vec<f64>>()
+                    };
+                    // One step of a workload (a whole region mapped, written and
+                    // unmapped) can outlast 20 ms on a loaded 2-core host: a
+                    // point that completed no step is measured again, longer.
+                    if measured(&f).iter().any(|x| *x <= 0.0) {
+                        let longer = Timing {
+                            duration: timing.duration * 20,
+                            ..timing
+                        };
+                        peer.settle();
+                        f = w.run(&peer, t, &longer);
+                    }
+                    let vals = measured(&f);
                     let may_skip = v.name == "kernel-hugetlb"
                         || (t > 1 && (w.name() == "clear_huge" || v.name == "kernel"));
                     assert!(
