@@ -33,7 +33,7 @@ pub use config::{Config, MergePolicy, PcpHighPolicy, PcpPolicy, RefillPolicy};
 pub use gfp::{AllocContext, Gfp, MigrateType, MIGRATE_PCPTYPES, MIGRATE_TYPES};
 pub use node::{
     find_next_best_node, DistanceError, Distances, NodeMask, NodeMaskIter, NodeStates, Zonelists,
-    LOCAL_DISTANCE, MAX_NUMNODES, REMOTE_DISTANCE,
+    LOCAL_DISTANCE, MAX_NUMNODES, REMOTE_DISTANCE, UNREACHABLE_DISTANCE,
 };
 pub use page::{
     Page, PageState, Pfn, MAX_ORDER, NR_ORDERS, PAGEBLOCK_NR_PAGES, PAGEBLOCK_ORDER, PAGE_SHIFT,

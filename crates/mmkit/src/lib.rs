@@ -37,6 +37,7 @@ mod registry;
 mod rmap;
 mod rseq;
 mod space;
+mod topology;
 mod views;
 
 use std::sync::Arc;
@@ -56,6 +57,7 @@ pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
 pub use platform::StdPlatform;
 pub use rseq::rseq_aborts;
 pub use space::{MapFlags, Space, SpaceStats, Translation, MMAP_BASE, SPARSE_TOUCH_BYTES};
+pub use topology::{NodeInfo, Topology, TopologyError};
 
 use compaction::{AllocHooks, CompactConfig};
 use error::free_err;
