@@ -30,6 +30,7 @@ mod builder;
 mod compaction;
 mod error;
 mod kthread;
+mod mempolicy;
 mod migrate;
 mod pgtable;
 mod platform;
@@ -46,8 +47,10 @@ pub use arena::Backing;
 pub use builder::{MmBuilder, Variant};
 pub use compaction::CompactSummary;
 pub use error::Error;
+pub use mempolicy::{MbindFlags, MemPolicy, MempolicyError, Placement};
 pub use mmkit_core;
 pub use mmkit_core::clear::ClearStrategy;
+pub use mmkit_core::node::{Distances, NodeMask};
 pub use mmkit_core::{
     CompactPriority, CompactResult, CompactStats, Config, Gfp, LockStats, MergePolicy, MigrateType,
     PcpHighPolicy, PcpPolicy, Pfn, RefillPolicy, VmEvent, VmEvents, ZoneInfo, MAX_ORDER,
