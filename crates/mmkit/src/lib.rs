@@ -32,6 +32,7 @@ mod error;
 mod kthread;
 mod mempolicy;
 mod migrate;
+mod numa_balancing;
 mod pgtable;
 mod platform;
 mod registry;
@@ -55,6 +56,10 @@ pub use mmkit_core::{
     CompactPriority, CompactResult, CompactStats, Config, Gfp, LockStats, MergePolicy, MigrateType,
     PcpHighPolicy, PcpPolicy, Pfn, RefillPolicy, VmEvent, VmEvents, ZoneInfo, MAX_ORDER,
     PAGEBLOCK_ORDER, PAGE_SIZE,
+};
+pub use numa_balancing::{
+    should_numa_migrate_memory, Cpupid, GroupFaults, MigrateFail, MigrateQuery, ScanDecision,
+    ScanParams, ScanPeriod, ScanPolicy, ScanWindow,
 };
 pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
 pub use platform::StdPlatform;
