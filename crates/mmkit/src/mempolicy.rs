@@ -371,15 +371,20 @@ mod tests {
         Topology::emulated_with(Distances::uniform(n), n)
     }
 
+    /// Four sockets in a ring: neighbours at 21, the opposite socket at 31.
     fn ring() -> Topology {
-        let d = Distances::from_rows(&[
-            [10u8, 21, 31, 21],
-            [21, 10, 21, 31],
-            [31, 21, 10, 21],
-            [21, 31, 21, 10],
-        ])
-        .unwrap();
-        Topology::emulated_with(d, 4)
+        let rows: Vec<Vec<u8>> = (0..4usize)
+            .map(|i| {
+                (0..4usize)
+                    .map(|j| match (i + 4 - j) % 4 {
+                        0 => 10,
+                        2 => 31,
+                        _ => 21,
+                    })
+                    .collect()
+            })
+            .collect();
+        Topology::emulated_with(Distances::from_rows(&rows).unwrap(), 4)
     }
 
     #[test]
