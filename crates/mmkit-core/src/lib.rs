@@ -16,6 +16,7 @@ pub mod clear;
 pub mod compaction;
 pub mod config;
 pub mod gfp;
+pub mod node;
 pub mod page;
 mod page_alloc;
 pub mod pcp;
@@ -30,6 +31,10 @@ pub use crate::page_alloc::{
 pub use compaction::{CompactControl, CompactMode, CompactPriority, CompactResult, CompactStats};
 pub use config::{Config, MergePolicy, PcpHighPolicy, PcpPolicy, RefillPolicy};
 pub use gfp::{AllocContext, Gfp, MigrateType, MIGRATE_PCPTYPES, MIGRATE_TYPES};
+pub use node::{
+    find_next_best_node, DistanceError, Distances, NodeMask, NodeMaskIter, NodeStates, Zonelists,
+    LOCAL_DISTANCE, MAX_NUMNODES, REMOTE_DISTANCE, UNREACHABLE_DISTANCE,
+};
 pub use page::{
     Page, PageState, Pfn, MAX_ORDER, NR_ORDERS, PAGEBLOCK_NR_PAGES, PAGEBLOCK_ORDER, PAGE_SHIFT,
     PAGE_SIZE, PG_OWNED,

@@ -30,13 +30,16 @@ mod builder;
 mod compaction;
 mod error;
 mod kthread;
+mod mempolicy;
 mod migrate;
+mod numa_balancing;
 mod pgtable;
 mod platform;
 mod registry;
 mod rmap;
 mod rseq;
 mod space;
+mod topology;
 mod views;
 
 use std::sync::Arc;
@@ -45,17 +48,24 @@ pub use arena::Backing;
 pub use builder::{MmBuilder, Variant};
 pub use compaction::CompactSummary;
 pub use error::Error;
+pub use mempolicy::{MbindFlags, MemPolicy, MempolicyError, Placement};
 pub use mmkit_core;
 pub use mmkit_core::clear::ClearStrategy;
+pub use mmkit_core::node::{Distances, NodeMask};
 pub use mmkit_core::{
     CompactPriority, CompactResult, CompactStats, Config, Gfp, LockStats, MergePolicy, MigrateType,
     PcpHighPolicy, PcpPolicy, Pfn, RefillPolicy, VmEvent, VmEvents, ZoneInfo, MAX_ORDER,
     PAGEBLOCK_ORDER, PAGE_SIZE,
 };
+pub use numa_balancing::{
+    should_numa_migrate_memory, Cpupid, GroupFaults, MigrateFail, MigrateQuery, ScanDecision,
+    ScanParams, ScanPeriod, ScanPolicy, ScanWindow,
+};
 pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
 pub use platform::StdPlatform;
 pub use rseq::rseq_aborts;
 pub use space::{MapFlags, Space, SpaceStats, Translation, MMAP_BASE, SPARSE_TOUCH_BYTES};
+pub use topology::{NodeInfo, Topology, TopologyError};
 
 use compaction::{AllocHooks, CompactConfig};
 use error::free_err;
