@@ -198,6 +198,15 @@ impl Page {
     pub fn nr_pages_mapped(&self) -> &AtomicU64 {
         &self.private
     }
+    /// `private` of the second tail page (head + 2) of an order-9 page mapped
+    /// by one PMD: the pfn of the PTE table deposited for its split (Linux's
+    /// `pgtable_trans_huge_deposit`), 0 when none. (O): set by the huge fault
+    /// before the PMD is published, taken back by the split or the zap of that
+    /// PMD (exclusive VMA lock).
+    #[inline]
+    pub fn pmd_huge_pte(&self) -> &AtomicU64 {
+        &self.private
+    }
     /// `private` of a swap-cache page (`PG_SWAPCACHE` set): its swap entry, raw
     /// (Linux's `folio->swap`). (O), and (P) for page-side code. Reserved for
     /// swap; no path sets it yet.

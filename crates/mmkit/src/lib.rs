@@ -64,7 +64,9 @@ pub use numa_balancing::{
 pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
 pub use platform::StdPlatform;
 pub use rseq::rseq_aborts;
-pub use space::{MapFlags, Space, SpaceStats, Translation, MMAP_BASE, SPARSE_TOUCH_BYTES};
+pub use space::{
+    MapFlags, PinnedPage, Space, SpaceStats, Translation, MMAP_BASE, SPARSE_TOUCH_BYTES,
+};
 pub use topology::{NodeInfo, Topology, TopologyError};
 
 use compaction::{AllocHooks, CompactConfig};

@@ -353,7 +353,14 @@ fn pinned_pages_and_pages_in_use_never_move() {
         let (pinned_va, pinned) = low[0];
         let (busy_va, busy) = low[1];
         let (other_va, other) = low[2];
-        mm.get_page(pinned).unwrap();
+        // Pinned as for DMA (a reference, no page lock).
+        let pin = s.pin_page(pinned_va, false).unwrap();
+        assert_eq!(pin.pfn(), pinned);
+        // A caller cannot take or drop a reference on a space's page itself.
+        assert!(matches!(
+            mm.get_page(pinned),
+            Err(mmkit::Error::OwnedBySpace { .. })
+        ));
         // A thread inside with_page on `busy` for the whole compaction.
         let (started_tx, started_rx) = mpsc::channel();
         let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -395,7 +402,7 @@ fn pinned_pages_and_pages_in_use_never_move() {
         let mut page = vec![0u8; PAGE_SIZE];
         s.read(pinned_va, &mut page).unwrap();
         assert_eq!(page_version((pinned_va - a) / PAGE, &page), Some(0));
-        mm.put_page(pinned).unwrap();
+        drop(pin);
         // Unpinned, it moves.
         mm.compact_memory();
         check(&mm);

@@ -3,7 +3,12 @@
 //! zapping a huge PMD.
 //!
 //! Invariants: a huge PMD maps an order-9 block whose head carries the reverse map
-//! and whose first tail page's `Page::nr_pages_mapped` is 0 (not split). After a
+//! and whose first tail page's `Page::nr_pages_mapped` is 0 (not split). Every
+//! huge PMD has a PTE table deposited with it (Linux's
+//! `pgtable_trans_huge_deposit`, kept in the second tail page's
+//! `Page::pmd_huge_pte` and counted in the space's table pages): a split takes
+//! that table instead of allocating one, so unmapping part of a huge page never
+//! needs memory and `munmap` cannot fail half way; the zap of the PMD frees it. After a
 //! split, each sub-page has its own reverse map and a compound PTE, and
 //! `nr_pages_mapped` counts the sub-pages still mapped; the block is freed with
 //! the last of them (`zap.rs`).
@@ -24,7 +29,7 @@ use crate::pgtable::{
     alloc_table, desc, used, Pte, HPAGE_PMD_NR, HPAGE_PMD_ORDER, PMD_SIZE, PTE_ACCESSED,
     PTE_COMPOUND, PTE_DIRTY, PTE_WRITE,
 };
-use crate::{rmap, Error, Gfp, Pfn};
+use crate::{rmap, Gfp, Mm, Pfn};
 
 /// The clearing strategy for a huge-page fault in `vma`. `Auto` decides by the
 /// extent being populated, the mapping, not by the one 2 MiB page: faults that
@@ -61,6 +66,12 @@ impl SpaceInner {
         let Ok(pfn) = mm.alloc_owned_pages(Gfp::MOVABLE | Gfp::NOWARN, HPAGE_PMD_ORDER) else {
             return false;
         };
+        // The table a later split will need, taken now (without it, no huge page).
+        let Ok(pgtable) = alloc_table(mm) else {
+            mm.free_owned_pages(pfn, HPAGE_PMD_ORDER)
+                .expect("freeing our own unpublished huge page");
+            return false;
+        };
         let haddr = addr & !(PMD_SIZE - 1);
         let fault_index = ((addr - haddr) / PAGE) as usize;
         // A sparse first touch predicts sparse accesses at the same offset of the
@@ -84,15 +95,20 @@ impl SpaceInner {
         desc(mm, Pfn::new(pfn.get() + 1))
             .nr_pages_mapped()
             .store(0, Ordering::Relaxed);
+        pgtable_trans_huge_deposit(mm, pfn, pgtable);
         let pmd = leaf(pfn, true).with(vmf.young_bits());
         match slot.compare_exchange(0, pmd.raw(), Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 used(mm, pmd_pfn).fetch_add(1, Ordering::Relaxed);
                 self.stats.add(Stat::HugeFaults, 1);
                 self.stats.add(Stat::HugePages, 1);
+                self.stats.add(Stat::PgTables, 1);
                 self.stats.add(Stat::Rss, HPAGE_PMD_NR as i64);
             }
             Err(_) => {
+                let pt = pgtable_trans_huge_withdraw(mm, pfn);
+                mm.free_owned_pages(pt, 0)
+                    .expect("freeing our own unpublished table");
                 rmap::clear(mm, pfn);
                 mm.free_owned_pages(pfn, HPAGE_PMD_ORDER)
                     .expect("freeing our own unpublished huge page");
@@ -113,14 +129,15 @@ impl SpaceInner {
         );
     }
 
-    /// Linux's `split_huge_pmd`: replaces the huge PMD covering `addr` (if any) by a
-    /// PTE table mapping its 512 sub-pages. Exclusive VMA lock held.
-    pub(super) fn split_huge_pmd(&self, held: &VmaTree, addr: u64) -> Result<(), Error> {
+    /// Linux's `split_huge_pmd`: replaces the huge PMD covering `addr` (if any) by
+    /// the PTE table deposited with it, mapping its 512 sub-pages. Needs no
+    /// memory, so it cannot fail. Exclusive VMA lock held.
+    pub(super) fn split_huge_pmd(&self, held: &VmaTree, addr: u64) {
         let Some((slot, e, 1)) = self.follow_pte(held, addr) else {
-            return Ok(());
+            return;
         };
         let mm = &self.mm;
-        let pt = alloc_table(mm)?;
+        let pt = pgtable_trans_huge_withdraw(mm, e.pfn());
         let t = self.tbl(held, pt);
         let head = e.pfn();
         let haddr = addr & !(PMD_SIZE - 1);
@@ -141,9 +158,7 @@ impl SpaceInner {
             .nr_pages_mapped()
             .store(HPAGE_PMD_NR, Ordering::Release);
         slot.store(Pte::table(pt).raw(), Ordering::Release);
-        self.stats.add(Stat::PgTables, 1);
         self.stats.add(Stat::HugePages, -1);
-        Ok(())
     }
 
     /// Linux's `zap_huge_pmd`.
@@ -152,9 +167,34 @@ impl SpaceInner {
         let e = Pte::from_raw(slot.swap(0, Ordering::AcqRel));
         used(mm, table_pfn).fetch_sub(1, Ordering::Relaxed);
         let head = e.pfn();
+        let pt = pgtable_trans_huge_withdraw(mm, head);
         rmap::clear(mm, head);
         self.stats.add(Stat::Rss, -(HPAGE_PMD_NR as i64));
         self.stats.add(Stat::HugePages, -1);
+        self.stats.add(Stat::PgTables, -1);
         tlb.remove_page(head, HPAGE_PMD_ORDER);
+        tlb.remove_table(pt);
     }
+}
+
+/// Linux's `pgtable_trans_huge_deposit`: keeps the (zeroed) table `pt` with the
+/// huge page `head` until its PMD is split or zapped.
+fn pgtable_trans_huge_deposit(mm: &Mm, head: Pfn, pt: Pfn) {
+    let slot = desc(mm, Pfn::new(head.get() + 2)).pmd_huge_pte();
+    debug_assert_eq!(slot.load(Ordering::Relaxed), 0);
+    slot.store(pt.get(), Ordering::Relaxed);
+}
+
+/// Linux's `pgtable_trans_huge_withdraw`: takes back the table deposited with
+/// the huge page `head`. Every huge PMD has one (see the module header).
+fn pgtable_trans_huge_withdraw(mm: &Mm, head: Pfn) -> Pfn {
+    let pt = desc(mm, Pfn::new(head.get() + 2))
+        .pmd_huge_pte()
+        .swap(0, Ordering::Relaxed);
+    assert!(
+        pt != 0,
+        "huge page at pfn {} has no deposited table",
+        head.get()
+    );
+    Pfn::new(pt)
 }

@@ -73,6 +73,38 @@ impl Drop for PagePin<'_> {
     }
 }
 
+/// A page of an address space pinned by [`Space::pin_page`] (Linux's
+/// `pin_user_pages`, as for DMA): while this guard lives the frame stays
+/// allocated (even if the range is unmapped meanwhile), and migration and reclaim
+/// leave it where it is. Dropping the guard drops the reference.
+pub struct PinnedPage {
+    mm: Mm,
+    t: Translation,
+}
+
+impl PinnedPage {
+    /// The pinned 4 KiB frame.
+    pub fn pfn(&self) -> Pfn {
+        self.t.pfn
+    }
+    /// What the address mapped when it was pinned.
+    pub fn translation(&self) -> Translation {
+        self.t
+    }
+}
+
+impl Drop for PinnedPage {
+    fn drop(&mut self) {
+        self.mm.unpin_page(self.t.head);
+    }
+}
+
+impl std::fmt::Debug for PinnedPage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedPage").field("t", &self.t).finish()
+    }
+}
+
 impl Space {
     /// Copies `buf.len()` bytes from `addr` (across pages and adjacent mappings),
     /// faulting pages in on first touch (never-written memory reads 0). The whole
@@ -144,6 +176,18 @@ impl Space {
         Ok(())
     }
 
+    /// Faults in the page at `addr` (as a write if `write`) and pins it with a
+    /// reference until the returned guard is dropped (Linux's `pin_user_pages`):
+    /// the frame is neither freed, migrated nor reclaimed meanwhile. Accesses go
+    /// on as usual (`read`, `write`, `with_page`).
+    pub fn pin_page(&self, addr: u64, write: bool) -> Result<PinnedPage, Error> {
+        let (t, _lock) = self.inner.lock_mapped_page(addr, write, 1)?;
+        Ok(PinnedPage {
+            mm: self.inner.mm.clone(),
+            t,
+        })
+    }
+
     /// Runs `f` on the bytes of the 4 KiB page containing `addr` (the whole page,
     /// page aligned; `addr % 4096` is the offset of `addr` in it), faulting it in
     /// first (as a write if `write`; write through the slice only with `write` set,
@@ -161,21 +205,7 @@ impl Space {
         not_in_page(addr)?;
         check_range(addr, 1)?;
         let mm = &self.inner.mm;
-        let (t, _lock) = loop {
-            let g = self.inner.read_lock();
-            let vma = g
-                .find_cached(addr)
-                .ok_or_else(|| bad(addr, 1, "address is not mapped"))?;
-            let t = self.inner.access(&g, &vma, addr, write, PAGE_SIZE)?;
-            let lock = mm.lock_page(t.pfn);
-            if !self.inner.still_maps(&g, addr, &t) {
-                // A migration moved the page after the walk: walk again.
-                continue;
-            }
-            // Pinned while the VMA lock still keeps unmap away.
-            mm.pin_page(t.head);
-            break (t, lock);
-        };
+        let (t, _lock) = self.inner.lock_mapped_page(addr, write, PAGE_SIZE)?;
         let _pin = PagePin { mm, head: t.head };
         let _in = InPage::enter();
         // SAFETY: the frame is 4096 bytes inside the arena; it stays allocated while
@@ -190,6 +220,35 @@ impl Space {
 }
 
 impl SpaceInner {
+    /// Faults in the page at `addr` for an access of `len` bytes, takes its page
+    /// lock, checks that the PTE still maps that frame (a migration may have moved
+    /// it after the walk: then walk again), and takes a reference on its block
+    /// while the VMA lock still keeps unmap away. Returns the translation and the
+    /// held page lock; the caller drops the reference (`Mm::unpin_page`).
+    fn lock_mapped_page(
+        &self,
+        addr: u64,
+        write: bool,
+        len: usize,
+    ) -> Result<(Translation, crate::rmap::PageGuard<'_>), Error> {
+        not_in_page(addr)?;
+        check_range(addr, 1)?;
+        let mm = &self.mm;
+        loop {
+            let g = self.read_lock();
+            let vma = g
+                .find_cached(addr)
+                .ok_or_else(|| bad(addr, 1, "address is not mapped"))?;
+            let t = self.access(&g, &vma, addr, write, len)?;
+            let lock = mm.lock_page(t.pfn);
+            if !self.still_maps(&g, addr, &t) {
+                continue;
+            }
+            mm.pin_page(t.head);
+            return Ok((t, lock));
+        }
+    }
+
     /// Does `addr` still map the frame of `t` through a present entry? Checked
     /// under the page lock of `t.pfn` before touching its bytes: a migration that
     /// started after `t` was taken has replaced the entry. Only under the shared

@@ -68,6 +68,7 @@ use crate::{Error, Mm, Pfn, StdPlatform, PAGE_SIZE};
 
 pub use mmap::MapFlags;
 pub(crate) use mmap::VmaTree;
+pub use mmu::PinnedPage;
 use pagewalk::next_gen;
 use zap::{MmuGather, FREE_UPPER};
 
