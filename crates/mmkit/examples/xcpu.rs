@@ -35,6 +35,7 @@ fn run(name: &str, b: MmBuilder) {
             let mut v = Vec::with_capacity(32);
             for _ in 0..32 {
                 let p = m1.alloc_pages(Gfp::KERNEL, 0).unwrap();
+                // SAFETY: `p` is our allocated page: 4096 writable bytes in the arena.
                 unsafe { m1.page_address(p).write_volatile(1) };
                 v.push(p);
             }
