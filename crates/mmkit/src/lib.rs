@@ -247,6 +247,16 @@ impl Mm {
         self.inner.alloc.nr_managed_pages()
     }
 
+    /// Memory nodes of this Mm.
+    pub fn nr_nodes(&self) -> usize {
+        self.inner.alloc.nr_nodes()
+    }
+
+    /// The node of a frame.
+    pub fn node_of(&self, pfn: Pfn) -> usize {
+        self.inner.alloc.pfn_to_nid(pfn)
+    }
+
     /// Flushes every CPU's per-CPU lists to the buddy lists.
     pub fn drain_all_pages(&self) {
         self.inner.alloc.drain_all_pages()

@@ -290,6 +290,18 @@ impl<P: Platform> PageAlloc<P> {
         self.zones.iter().map(|z| z.managed).sum()
     }
 
+    /// Memory nodes (Linux's `nr_online_nodes`). Per-node state of the layers
+    /// above (LRU lists, kswapd, kcompactd) is indexed `0..nr_nodes()`.
+    pub fn nr_nodes(&self) -> usize {
+        1
+    }
+
+    /// The node of a frame (Linux's `pfn_to_nid`); `0..nr_nodes()`.
+    #[inline]
+    pub fn pfn_to_nid(&self, _pfn: Pfn) -> usize {
+        0
+    }
+
     /// The descriptor of a frame.
     pub fn page(&self, pfn: Pfn) -> Option<&Page> {
         self.mem.pages.get(pfn.get() as usize)
