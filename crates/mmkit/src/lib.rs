@@ -33,12 +33,24 @@ mod kthread;
 mod mempolicy;
 mod migrate;
 mod numa_balancing;
+// The swap layer (issue 13): devices, map, cache and I/O; Mm::swapon and
+// reclaim are wired on top in a later step, so parts are still unused.
+#[allow(dead_code)]
+mod page_io;
 mod pgtable;
 mod platform;
 mod registry;
 mod rmap;
 mod rseq;
 mod space;
+#[allow(dead_code)]
+mod swap_cluster;
+#[allow(dead_code)]
+mod swap_lock;
+#[allow(dead_code)]
+mod swap_state;
+#[allow(dead_code)]
+mod swapfile;
 mod topology;
 mod views;
 
@@ -62,11 +74,15 @@ pub use numa_balancing::{
     ScanParams, ScanPeriod, ScanPolicy, ScanWindow,
 };
 pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
+pub use page_io::SwapBackend;
 pub use platform::StdPlatform;
 pub use rseq::rseq_aborts;
 pub use space::{
     MapFlags, PinnedPage, Space, SpaceStats, Translation, MMAP_BASE, SPARSE_TOUCH_BYTES,
 };
+pub use swap_cluster::SwapAllocPolicy;
+pub use swap_state::SwapCacheIndex;
+pub use swapfile::{SwapDevice, SwapId, SwapInfo, SwapKind};
 pub use topology::{NodeInfo, Topology, TopologyError};
 
 use compaction::{AllocHooks, CompactConfig};

@@ -1,0 +1,582 @@
+//! Swap I/O (Linux's `mm/page_io.c`): the devices a slot is written to and read
+//! from, and the per-slot checksum that makes a bad read an error instead of data.
+//!
+//! Devices:
+//! - [`RamDevice`]: memory from an anonymous `mmap` (the lab's default, like the
+//!   seed's DRAM-backed pmem disks); a page is copied in and out.
+//! - [`FileDevice`]: a real file, opened with `O_DIRECT` where the filesystem takes
+//!   it (buffered I/O otherwise, e.g. an old tmpfs), through `io_uring` where the
+//!   kernel offers it (`pread`/`pwrite` otherwise), both detected at open. Runs of
+//!   contiguous slots are written with one request.
+//! - any user [`SwapBackend`] (far memory, fault injection in tests).
+//!
+//! [`SwapIo`] adds a CRC32C (the SSE4.2 / ARMv8 instruction, through the `crc32c`
+//! crate) per slot: computed on swap-out, stored once the write succeeded, checked
+//! on swap-in. A mismatch is [`SwapIoError::Corrupt`]; a slot that was never
+//! written (or whose write failed) reads as [`SwapIoError::NotWritten`].
+//!
+//! Invariants: every offset and length is a multiple of [`PAGE_SIZE`] and inside
+//! the device; the checksum word of a slot is 0 from before its write starts until
+//! the write succeeded, so a torn or failed write never validates.
+//!
+//! Locking: none of its own for the RAM device (the swap map gives a slot one
+//! writer at a time; the copy is done with relaxed atomic words, so even a racing
+//! caller reads torn data, which the checksum then refuses, never undefined
+//! behaviour). A file device keeps a few `io_uring` rings, each behind a mutex
+//! held for one submission and its completions. Checksums are atomics.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use mmkit_core::{Platform, PAGE_SIZE};
+use parking_lot::Mutex;
+
+use crate::platform::StdPlatform;
+
+const PAGE: u64 = PAGE_SIZE as u64;
+
+/// A swap device a user supplies: far memory, a network store, a test double.
+/// The swap layer calls it with page-aligned offsets and lengths (multiples of
+/// 4096) inside the size given at `swapon`, and never with two overlapping
+/// requests of which one is a write.
+pub trait SwapBackend: Send + Sync {
+    /// Reads `buf.len()` bytes at `offset` into `buf`.
+    fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Writes `buf` at `offset`.
+    fn write(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
+}
+
+fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
+    let len = len as u64;
+    if offset % PAGE != 0 || len % PAGE != 0 || offset.checked_add(len).is_none_or(|e| e > size) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("swap I/O at {offset:#x} (+{len:#x}) is unaligned or outside the device ({size:#x} bytes)"),
+        ));
+    }
+    Ok(())
+}
+
+/// A swap device in anonymous memory.
+pub(crate) struct RamDevice {
+    base: NonNull<AtomicU64>,
+    size: u64,
+}
+
+// SAFETY: the mapping is only accessed through `AtomicU64`s, which are Sync.
+unsafe impl Send for RamDevice {}
+// SAFETY: as above.
+unsafe impl Sync for RamDevice {}
+
+impl RamDevice {
+    /// Maps `size` bytes (a multiple of 4096) of anonymous memory, reserved lazily.
+    pub(crate) fn new(size: u64) -> io::Result<RamDevice> {
+        check_range(0, size as usize, size)?;
+        // SAFETY: a fresh anonymous private mapping; no existing memory is touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(RamDevice {
+            base: NonNull::new(p.cast()).expect("mmap returned null"),
+            size,
+        })
+    }
+
+    fn words(&self, offset: u64, len: usize) -> &[AtomicU64] {
+        // SAFETY: `check_range` held for (offset, len), so the words lie inside the
+        // mapping, which lives as long as `self`; the mapping is page-aligned, so
+        // every word is aligned, and it is only ever accessed as atomics.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(offset as usize / 8), len / 8) }
+    }
+}
+
+impl Drop for RamDevice {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once; no reference outlives self.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.size as usize) };
+    }
+}
+
+impl SwapBackend for RamDevice {
+    fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        check_range(offset, buf.len(), self.size)?;
+        for (w, out) in self.words(offset, buf.len()).iter().zip(buf.chunks_exact_mut(8)) {
+            out.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+        }
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        check_range(offset, buf.len(), self.size)?;
+        for (w, src) in self.words(offset, buf.len()).iter().zip(buf.chunks_exact(8)) {
+            w.store(u64::from_ne_bytes(src.try_into().unwrap()), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// A page-aligned heap buffer (what `O_DIRECT` needs).
+struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> AlignedBuf {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), PAGE_SIZE).unwrap();
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        AlignedBuf {
+            ptr: NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout)),
+            len,
+        }
+    }
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `len` initialized bytes owned by self, borrowed mutably once.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `len` initialized bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.len.max(1), PAGE_SIZE).unwrap();
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+    }
+}
+
+/// Whether a file device may use `O_DIRECT`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum DirectIo {
+    /// Where the filesystem accepts it (probed at open).
+    Auto,
+    /// Buffered I/O.
+    Never,
+}
+
+/// How a file device submits its I/O.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum IoEngine {
+    /// `io_uring` where the kernel offers it, else `pread`/`pwrite`.
+    Auto,
+    /// `pread`/`pwrite`.
+    Sync,
+}
+
+const NR_RINGS: usize = 4;
+const RING_ENTRIES: u32 = 64;
+
+/// A swap file.
+pub(crate) struct FileDevice {
+    file: File,
+    size: u64,
+    direct: bool,
+    rings: Option<Box<[Mutex<io_uring::IoUring>]>>,
+}
+
+fn open_file(path: &std::path::Path, direct: bool) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true).write(true).create(true).truncate(false);
+    if direct {
+        o.custom_flags(libc::O_DIRECT);
+    }
+    o.open(path)
+}
+
+fn uring_rings() -> Option<Box<[Mutex<io_uring::IoUring>]>> {
+    let mut rings = Vec::with_capacity(NR_RINGS);
+    for _ in 0..NR_RINGS {
+        let ring = io_uring::IoUring::new(RING_ENTRIES).ok()?;
+        let mut probe = io_uring::Probe::new();
+        ring.submitter().register_probe(&mut probe).ok()?;
+        if !probe.is_supported(io_uring::opcode::Read::CODE)
+            || !probe.is_supported(io_uring::opcode::Write::CODE)
+        {
+            return None;
+        }
+        rings.push(Mutex::new(ring));
+    }
+    Some(rings.into_boxed_slice())
+}
+
+impl FileDevice {
+    /// Opens (creating it if missing) the file at `path` and sizes it to `size`
+    /// bytes (blocks are allocated up front where the filesystem can). The caller
+    /// validated the path (a regular file or nothing) and the size.
+    pub(crate) fn open(
+        path: &std::path::Path,
+        size: u64,
+        direct: DirectIo,
+        engine: IoEngine,
+    ) -> io::Result<FileDevice> {
+        check_range(0, size as usize, size)?;
+        let mut file = None;
+        let mut is_direct = false;
+        if direct == DirectIo::Auto {
+            // Some filesystems refuse O_DIRECT at open, others at the first I/O.
+            if let Ok(f) = open_file(path, true) {
+                let mut probe = AlignedBuf::new(PAGE_SIZE);
+                if f.metadata()?.len() < PAGE {
+                    f.set_len(size)?;
+                }
+                if pread_all(&f, 0, probe.as_mut()).is_ok() {
+                    file = Some(f);
+                    is_direct = true;
+                }
+            }
+        }
+        let file = match file {
+            Some(f) => f,
+            None => open_file(path, false)?,
+        };
+        // SAFETY: plain syscall on an fd we own.
+        let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) };
+        if r == libc::ENOSPC {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        file.set_len(size)?;
+        let rings = if engine == IoEngine::Auto {
+            uring_rings()
+        } else {
+            None
+        };
+        Ok(FileDevice {
+            file,
+            size,
+            direct: is_direct,
+            rings,
+        })
+    }
+
+    /// True when the file was opened with `O_DIRECT`.
+    pub(crate) fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// True when I/O goes through `io_uring`.
+    pub(crate) fn uses_io_uring(&self) -> bool {
+        self.rings.is_some()
+    }
+
+    fn ring(&self) -> Option<&Mutex<io_uring::IoUring>> {
+        let r = self.rings.as_ref()?;
+        Some(&r[StdPlatform::cpu_id() % r.len()])
+    }
+
+    /// Submits `ios` (offset, pointer, length, is_write) on one ring and waits
+    /// for all of them; each must transfer its whole length.
+    fn uring_io(ring: &Mutex<io_uring::IoUring>, fd: i32, ios: &[(u64, *mut u8, usize, bool)]) -> io::Result<()> {
+        let mut ring = ring.lock();
+        for chunk in ios.chunks(RING_ENTRIES as usize) {
+            for (i, &(off, ptr, len, write)) in chunk.iter().enumerate() {
+                let e = if write {
+                    io_uring::opcode::Write::new(io_uring::types::Fd(fd), ptr, len as u32)
+                        .offset(off)
+                        .build()
+                } else {
+                    io_uring::opcode::Read::new(io_uring::types::Fd(fd), ptr, len as u32)
+                        .offset(off)
+                        .build()
+                };
+                // SAFETY: the buffers outlive the call (we wait for every completion
+                // below before returning), and the ring has room for a chunk.
+                unsafe { ring.submission().push(&e.user_data(i as u64)) }
+                    .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+            }
+            let mut done = 0;
+            let mut err = None;
+            while done < chunk.len() {
+                match ring.submit_and_wait(chunk.len() - done) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                }
+                for cqe in ring.completion() {
+                    done += 1;
+                    let want = chunk[cqe.user_data() as usize].2;
+                    if cqe.result() < 0 {
+                        err.get_or_insert(io::Error::from_raw_os_error(-cqe.result()));
+                    } else if cqe.result() as usize != want {
+                        err.get_or_insert(io::Error::new(io::ErrorKind::UnexpectedEof, "short swap I/O"));
+                    }
+                }
+            }
+            if let Some(e) = err {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn read_aligned(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        match self.ring() {
+            Some(r) => Self::uring_io(r, self.file.as_raw_fd(), &[(offset, buf.as_mut_ptr(), buf.len(), false)]),
+            None => pread_all(&self.file, offset, buf),
+        }
+    }
+
+    /// Writes runs of contiguous pages: `runs` holds (offset, pages of the run).
+    /// Each run goes out as one request; with `io_uring` all runs are in flight
+    /// together.
+    pub(crate) fn write_runs(&self, runs: &[(u64, &[&[u8]])]) -> io::Result<()> {
+        let mut bufs = Vec::with_capacity(runs.len());
+        for &(off, pages) in runs {
+            let len: usize = pages.iter().map(|p| p.len()).sum();
+            check_range(off, len, self.size)?;
+            let mut b = AlignedBuf::new(len);
+            let mut at = 0;
+            for p in pages {
+                b.as_mut()[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
+            bufs.push((off, b));
+        }
+        match self.ring() {
+            Some(r) => {
+                let ios: Vec<_> = bufs
+                    .iter_mut()
+                    .map(|(off, b)| (*off, b.as_mut().as_mut_ptr(), b.len, true))
+                    .collect();
+                Self::uring_io(r, self.file.as_raw_fd(), &ios)
+            }
+            None => bufs
+                .iter()
+                .try_for_each(|(off, b)| pwrite_all(&self.file, *off, b.as_ref())),
+        }
+    }
+}
+
+fn pread_all(f: &File, mut off: u64, mut buf: &mut [u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: buf is valid for writes of its length.
+        let n = unsafe { libc::pread(f.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), off as libc::off_t) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "swap file too short"));
+        }
+        buf = &mut buf[n as usize..];
+        off += n as u64;
+    }
+    Ok(())
+}
+
+fn pwrite_all(f: &File, mut off: u64, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: buf is valid for reads of its length.
+        let n = unsafe { libc::pwrite(f.as_raw_fd(), buf.as_ptr().cast(), buf.len(), off as libc::off_t) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        buf = &buf[n as usize..];
+        off += n as u64;
+    }
+    Ok(())
+}
+
+impl SwapBackend for FileDevice {
+    fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        check_range(offset, buf.len(), self.size)?;
+        if self.direct && buf.as_ptr() as usize % PAGE_SIZE != 0 {
+            let mut b = AlignedBuf::new(buf.len());
+            self.read_aligned(offset, b.as_mut())?;
+            buf.copy_from_slice(b.as_ref());
+            return Ok(());
+        }
+        self.read_aligned(offset, buf)
+    }
+
+    fn write(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        if !self.direct && self.rings.is_none() {
+            check_range(offset, buf.len(), self.size)?;
+            return pwrite_all(&self.file, offset, buf);
+        }
+        self.write_runs(&[(offset, &[buf])])
+    }
+}
+
+/// The device behind a swap area.
+pub(crate) enum Backend {
+    Ram(RamDevice),
+    File(FileDevice),
+    User(Arc<dyn SwapBackend>),
+}
+
+impl Backend {
+    fn dev(&self) -> &dyn SwapBackend {
+        match self {
+            Backend::Ram(d) => d,
+            Backend::File(d) => d,
+            Backend::User(d) => &**d,
+        }
+    }
+}
+
+/// Why a swap read or write failed. Clone-able (the I/O error is kept as its kind
+/// and message) so that it can travel inside `mmkit::Error`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SwapIoError {
+    /// The device refused the request; the data stays where it was.
+    #[error("swap I/O error on slot {slot}: {kind:?}: {msg}")]
+    Io {
+        slot: u32,
+        kind: io::ErrorKind,
+        msg: String,
+    },
+    /// The slot's content does not match the checksum written with it.
+    #[error("swap slot {slot} is corrupt: CRC32C {found:#010x}, written {expected:#010x}")]
+    Corrupt { slot: u32, expected: u32, found: u32 },
+    /// The slot holds no successfully written page.
+    #[error("swap slot {slot} was never written (or its write failed)")]
+    NotWritten { slot: u32 },
+}
+
+/// Per-device I/O counters.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SwapIoStats {
+    /// Pages read and verified (`pswpin`).
+    pub pswpin: u64,
+    /// Pages written (`pswpout`).
+    pub pswpout: u64,
+    /// Failed reads and writes.
+    pub io_errors: u64,
+    /// Reads refused for a checksum mismatch.
+    pub checksum_errors: u64,
+}
+
+const CSUM_VALID: u64 = 1 << 32;
+
+/// A device and the checksums of its slots.
+pub(crate) struct SwapIo {
+    backend: Backend,
+    csum: Box<[AtomicU64]>,
+    pswpin: AtomicU64,
+    pswpout: AtomicU64,
+    io_errors: AtomicU64,
+    checksum_errors: AtomicU64,
+}
+
+impl SwapIo {
+    pub(crate) fn new(backend: Backend, nr_slots: u32) -> SwapIo {
+        SwapIo {
+            backend,
+            csum: (0..nr_slots).map(|_| AtomicU64::new(0)).collect(),
+            pswpin: AtomicU64::new(0),
+            pswpout: AtomicU64::new(0),
+            io_errors: AtomicU64::new(0),
+            checksum_errors: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    fn io_err(&self, slot: u32, e: io::Error) -> SwapIoError {
+        self.io_errors.fetch_add(1, Ordering::Relaxed);
+        SwapIoError::Io {
+            slot,
+            kind: e.kind(),
+            msg: e.to_string(),
+        }
+    }
+
+    /// Writes one page to `slot` (`swap_writepage`).
+    pub(crate) fn swap_writepage(&self, slot: u32, page: &[u8]) -> Result<(), SwapIoError> {
+        self.swap_writepages(slot, &[page])
+    }
+
+    /// Writes `pages` to the contiguous slots from `first` on, in one request
+    /// where the device can. On error no slot of the run validates.
+    pub(crate) fn swap_writepages(&self, first: u32, pages: &[&[u8]]) -> Result<(), SwapIoError> {
+        let range = first as usize..first as usize + pages.len();
+        for c in &self.csum[range.clone()] {
+            c.store(0, Ordering::Release);
+        }
+        let crcs: Vec<u32> = pages.iter().map(|p| crc32c::crc32c(p)).collect();
+        let off = first as u64 * PAGE;
+        let r = match &self.backend {
+            Backend::File(f) => f.write_runs(&[(off, pages)]),
+            b => pages
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, p)| b.dev().write(off + i as u64 * PAGE, p)),
+        };
+        r.map_err(|e| self.io_err(first, e))?;
+        for (c, crc) in self.csum[range].iter().zip(crcs) {
+            c.store(CSUM_VALID | crc as u64, Ordering::Release);
+        }
+        self.pswpout.fetch_add(pages.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Reads `slot` into `page` and verifies its checksum (`swap_read_folio`).
+    /// On any error `page` holds no data to be trusted.
+    pub(crate) fn swap_readpage(&self, slot: u32, page: &mut [u8]) -> Result<(), SwapIoError> {
+        let want = self.csum[slot as usize].load(Ordering::Acquire);
+        if want & CSUM_VALID == 0 {
+            return Err(SwapIoError::NotWritten { slot });
+        }
+        self.backend
+            .dev()
+            .read(slot as u64 * PAGE, page)
+            .map_err(|e| self.io_err(slot, e))?;
+        let found = crc32c::crc32c(page);
+        if found != want as u32 {
+            self.checksum_errors.fetch_add(1, Ordering::Relaxed);
+            return Err(SwapIoError::Corrupt {
+                slot,
+                expected: want as u32,
+                found,
+            });
+        }
+        self.pswpin.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Forgets the page of a freed slot (its next read is `NotWritten`).
+    pub(crate) fn invalidate(&self, slot: u32) {
+        self.csum[slot as usize].store(0, Ordering::Release);
+    }
+
+    pub(crate) fn stats(&self) -> SwapIoStats {
+        SwapIoStats {
+            pswpin: self.pswpin.load(Ordering::Relaxed),
+            pswpout: self.pswpout.load(Ordering::Relaxed),
+            io_errors: self.io_errors.load(Ordering::Relaxed),
+            checksum_errors: self.checksum_errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "page_io_tests.rs"]
+pub(crate) mod tests;

@@ -1,0 +1,593 @@
+//! Swap devices (Linux's `mm/swapfile.c`, the `swap_info` half): what a user asks
+//! for ([`SwapDevice`]), what `/proc/swaps` shows ([`SwapInfo`]), and the set of
+//! devices that are on ([`SwapDevices`]): `swapon` with its validation, `swapoff`,
+//! slot allocation across devices by priority, and the per-entry operations
+//! (`swap_duplicate`, `swap_free`, the swap cache, I/O) routed to the device an
+//! entry names.
+//!
+//! A swap entry is [`crate::pgtable::SwapEntry`]: `ty` is the device's type (its
+//! index in the set, `0..=SwapEntry::MAX_TYPE`), `offset` its slot.
+//!
+//! Order of use (Linux's): devices of higher priority first; among devices of one
+//! priority, round robin; a device that is full is skipped. Priorities given by
+//! the user are `0..=32767`; devices without one get -2, -3, ... in `swapon`
+//! order, like Linux's `least_priority`.
+//!
+//! Invariants: `swapon` validates everything (size, priority, path, duplicate
+//! file, free type) before it creates anything, and removes a file it created if
+//! a later step fails: a refused call changes nothing. `swapoff` refuses a device
+//! with slots in use (bringing the pages back belongs to reclaim). A [`SwapId`]
+//! carries a generation, so an id of a device that went off names nothing, even
+//! after its type is reused.
+//!
+//! Locking: the table of devices is a `ShardedLock` (per-thread read shards, so
+//! the allocation and fault paths scale), written by `swapon`/`swapoff`, which
+//! are serialized by `swapon_mutex`. Each device's own locks are described in
+//! `swap_cluster.rs` (map, clusters), `swap_state.rs` (cache), `page_io.rs` (I/O).
+
+use std::fmt;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crossbeam_utils::sync::ShardedLock;
+use mmkit_core::{LockStats, PAGE_SIZE};
+
+use crate::page_io::{Backend, DirectIo, FileDevice, IoEngine, RamDevice, SwapBackend, SwapIo, SwapIoError, SwapIoStats};
+use crate::pgtable::SwapEntry;
+use crate::swap_cluster::{MapError, SwapAllocPolicy, SwapMap, SWAPFILE_CLUSTER};
+use crate::swap_state::{CacheExists, SwapCache, SwapCacheIndex};
+
+/// Highest priority a user may give (Linux's `SWAP_FLAG_PRIO_MASK`).
+pub const SWAP_PRIO_MAX: i32 = 32767;
+/// The most devices on at once (types `0..=SwapEntry::MAX_TYPE`).
+pub const MAX_SWAPFILES: usize = SwapEntry::MAX_TYPE as usize + 1;
+/// Smallest device: one cluster (2 MiB).
+pub const SWAP_MIN_BYTES: u64 = SWAPFILE_CLUSTER as u64 * PAGE_SIZE as u64;
+
+enum Source {
+    Ram,
+    File(PathBuf),
+    Backend(Arc<dyn SwapBackend>),
+}
+
+/// A swap device to turn on: `SwapDevice::ram(bytes)`, `SwapDevice::file(path,
+/// bytes)` or `SwapDevice::backend(Arc<dyn SwapBackend>, bytes)`, with an
+/// optional `.priority(p)`.
+pub struct SwapDevice {
+    source: Source,
+    bytes: u64,
+    priority: Option<i32>,
+    direct: DirectIo,
+    engine: IoEngine,
+}
+
+impl SwapDevice {
+    /// `bytes` of anonymous memory (a multiple of 4096, at least 2 MiB).
+    pub fn ram(bytes: u64) -> SwapDevice {
+        Self::with(Source::Ram, bytes)
+    }
+    /// The file at `path`, created if missing (an existing file must be a regular
+    /// file of length 0 or `bytes`), sized to `bytes`.
+    pub fn file(path: impl AsRef<Path>, bytes: u64) -> SwapDevice {
+        Self::with(Source::File(path.as_ref().to_path_buf()), bytes)
+    }
+    /// A user backend holding `bytes`.
+    pub fn backend(backend: Arc<dyn SwapBackend>, bytes: u64) -> SwapDevice {
+        Self::with(Source::Backend(backend), bytes)
+    }
+    fn with(source: Source, bytes: u64) -> SwapDevice {
+        SwapDevice {
+            source,
+            bytes,
+            priority: None,
+            direct: DirectIo::Auto,
+            engine: IoEngine::Auto,
+        }
+    }
+    /// The priority (`0..=32767`; higher is used first).
+    pub fn priority(mut self, priority: i32) -> SwapDevice {
+        self.priority = Some(priority);
+        self
+    }
+    /// A file device: buffered I/O, never `O_DIRECT`.
+    pub fn buffered_io(mut self) -> SwapDevice {
+        self.direct = DirectIo::Never;
+        self
+    }
+    /// A file device: `pread`/`pwrite`, never `io_uring`.
+    pub fn sync_io(mut self) -> SwapDevice {
+        self.engine = IoEngine::Sync;
+        self
+    }
+}
+
+impl fmt::Debug for SwapDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let src = match &self.source {
+            Source::Ram => "ram".to_string(),
+            Source::File(p) => format!("file {}", p.display()),
+            Source::Backend(_) => "backend".to_string(),
+        };
+        f.debug_struct("SwapDevice")
+            .field("source", &src)
+            .field("bytes", &self.bytes)
+            .field("priority", &self.priority)
+            .finish()
+    }
+}
+
+/// A device that is on: its type (the `ty` of its swap entries) and a generation.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SwapId {
+    ty: u32,
+    gen: u32,
+}
+
+impl SwapId {
+    /// The swap type: the `ty` of this device's swap entries.
+    pub fn swap_type(self) -> u32 {
+        self.ty
+    }
+}
+
+/// What backs a device (`/proc/swaps`' Type column).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum SwapKind {
+    /// Anonymous memory.
+    Ram,
+    /// A file.
+    File,
+    /// A user backend.
+    Backend,
+}
+
+/// One device as `/proc/swaps` shows it, and its counters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SwapInfo {
+    pub id: SwapId,
+    /// Slots (pages) of the device.
+    pub size_pages: u64,
+    /// Slots in use.
+    pub used_pages: u64,
+    pub priority: i32,
+    /// The file's path, or `[ram]` / `[backend]`.
+    pub filename: String,
+    pub kind: SwapKind,
+    /// Pages in this device's swap cache.
+    pub cached_pages: u64,
+    /// A file opened with `O_DIRECT`.
+    pub direct_io: bool,
+    /// A file whose I/O goes through `io_uring`.
+    pub io_uring: bool,
+    /// Pages read (`pswpin`) and written (`pswpout`).
+    pub pswpin: u64,
+    pub pswpout: u64,
+    /// Failed reads and writes.
+    pub io_errors: u64,
+    /// Reads refused for a checksum mismatch.
+    pub checksum_errors: u64,
+}
+
+/// Why a swap call was refused (nothing changed).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SwapError {
+    #[error("swap size {bytes} bytes: {reason}")]
+    BadSize { bytes: u64, reason: String },
+    #[error("swap priority {priority}: give 0..={SWAP_PRIO_MAX}, or none for an automatic one")]
+    BadPriority { priority: i32 },
+    #[error("swap file {path:?}: {reason}")]
+    BadPath { path: PathBuf, reason: String },
+    #[error("swap file {path:?} is already on as {id:?}")]
+    DuplicateFile { path: PathBuf, id: SwapId },
+    #[error("{MAX_SWAPFILES} swap devices are on already; turn one off first")]
+    TooManyDevices,
+    #[error("swap device could not be set up: {kind:?}: {msg}")]
+    Setup { kind: io::ErrorKind, msg: String },
+    #[error("no swap device {id:?} is on")]
+    NoSuchDevice { id: SwapId },
+    #[error("swap device {id:?} has {used_pages} slots in use; bring them back before swapoff")]
+    Busy { id: SwapId, used_pages: u64 },
+    #[error("swap entry {entry:?} names no device that is on")]
+    BadEntry { entry: SwapEntry },
+    #[error(transparent)]
+    Map(#[from] MapError),
+    #[error(transparent)]
+    Io(#[from] SwapIoError),
+    #[error(transparent)]
+    CacheExists(#[from] CacheExists),
+}
+
+fn setup_err(e: io::Error) -> SwapError {
+    SwapError::Setup {
+        kind: e.kind(),
+        msg: e.to_string(),
+    }
+}
+
+/// One device that is on (Linux's `swap_info_struct`).
+pub(crate) struct SwapInfoStruct {
+    id: SwapId,
+    prio: i32,
+    kind: SwapKind,
+    name: String,
+    /// (st_dev, st_ino) of a file device.
+    file_id: Option<(u64, u64)>,
+    pub(crate) map: SwapMap,
+    pub(crate) cache: SwapCache,
+    pub(crate) io: SwapIo,
+}
+
+impl SwapInfoStruct {
+    fn info(&self) -> SwapInfo {
+        let SwapIoStats {
+            pswpin,
+            pswpout,
+            io_errors,
+            checksum_errors,
+        } = self.io.stats();
+        let (direct_io, io_uring) = match self.io.backend() {
+            Backend::File(f) => (f.is_direct(), f.uses_io_uring()),
+            _ => (false, false),
+        };
+        SwapInfo {
+            id: self.id,
+            size_pages: self.map.nr_slots() as u64,
+            used_pages: self.map.inuse(),
+            priority: self.prio,
+            filename: self.name.clone(),
+            kind: self.kind,
+            cached_pages: self.cache.nr_cached(),
+            direct_io,
+            io_uring,
+            pswpin,
+            pswpout,
+            io_errors,
+            checksum_errors,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    by_type: Vec<Option<Arc<SwapInfoStruct>>>,
+    /// Devices by priority, highest first, `swapon` order among equals.
+    avail: Vec<Arc<SwapInfoStruct>>,
+    least_priority: i32,
+    gen: u32,
+}
+
+/// The devices that are on, and the policies new devices get.
+pub(crate) struct SwapDevices {
+    alloc: SwapAllocPolicy,
+    index: SwapCacheIndex,
+    nr_cpus: usize,
+    table: ShardedLock<Table>,
+    swapon_mutex: Mutex<()>,
+    rr: AtomicUsize,
+}
+
+impl SwapDevices {
+    pub(crate) fn new(alloc: SwapAllocPolicy, index: SwapCacheIndex, nr_cpus: usize) -> SwapDevices {
+        SwapDevices {
+            alloc,
+            index,
+            nr_cpus,
+            table: ShardedLock::new(Table {
+                least_priority: -1,
+                ..Table::default()
+            }),
+            swapon_mutex: Mutex::new(()),
+            rr: AtomicUsize::new(0),
+        }
+    }
+
+    fn validate(&self, t: &Table, dev: &SwapDevice) -> Result<(u32, Option<(u64, u64)>, bool), SwapError> {
+        let bytes = dev.bytes;
+        let bad = |reason: &str| SwapError::BadSize {
+            bytes,
+            reason: reason.to_string(),
+        };
+        if bytes % PAGE_SIZE as u64 != 0 {
+            return Err(bad("not a multiple of the 4096-byte page size"));
+        }
+        if bytes < SWAP_MIN_BYTES {
+            return Err(bad("smaller than one 2 MiB swap cluster"));
+        }
+        let pages = bytes / PAGE_SIZE as u64;
+        if pages > u32::MAX as u64 - 1 || pages > SwapEntry::MAX_OFFSET || bytes > isize::MAX as u64 {
+            return Err(bad("larger than 16 TiB"));
+        }
+        if let Some(p) = dev.priority {
+            if !(0..=SWAP_PRIO_MAX).contains(&p) {
+                return Err(SwapError::BadPriority { priority: p });
+            }
+        }
+        let mut file_id = None;
+        let mut exists = false;
+        if let Source::File(path) = &dev.source {
+            let bad_path = |reason: &str| SwapError::BadPath {
+                path: path.clone(),
+                reason: reason.to_string(),
+            };
+            if path.as_os_str().is_empty() {
+                return Err(bad_path("empty path"));
+            }
+            match std::fs::metadata(path) {
+                Ok(md) => {
+                    if md.is_dir() {
+                        return Err(bad_path("is a directory"));
+                    }
+                    if !md.is_file() {
+                        return Err(bad_path("not a regular file"));
+                    }
+                    let id = (md.dev(), md.ino());
+                    if let Some(on) = t.by_type.iter().flatten().find(|d| d.file_id == Some(id)) {
+                        return Err(SwapError::DuplicateFile {
+                            path: path.clone(),
+                            id: on.id,
+                        });
+                    }
+                    if md.len() != 0 && md.len() != bytes {
+                        return Err(bad_path(&format!(
+                            "exists with {} bytes, not {bytes}; remove it or give its size",
+                            md.len()
+                        )));
+                    }
+                    file_id = Some(id);
+                    exists = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+                    if parent.is_some_and(|p| !p.is_dir()) {
+                        return Err(bad_path("its directory does not exist"));
+                    }
+                }
+                Err(e) => return Err(bad_path(&e.to_string())),
+            }
+        }
+        let ty = match t.by_type.iter().position(Option::is_none) {
+            Some(i) => i,
+            None if t.by_type.len() < MAX_SWAPFILES => t.by_type.len(),
+            None => return Err(SwapError::TooManyDevices),
+        };
+        Ok((ty as u32, file_id, exists))
+    }
+
+    /// Turns a device on (Linux's `swapon`).
+    pub(crate) fn swapon(&self, dev: SwapDevice) -> Result<SwapId, SwapError> {
+        let _serial = self.swapon_mutex.lock().unwrap_or_else(|e| e.into_inner());
+        let (ty, mut file_id, existed) = self.validate(&self.table.read().unwrap(), &dev)?;
+        let nr_slots = (dev.bytes / PAGE_SIZE as u64) as u32;
+        let (backend, kind, name) = match dev.source {
+            Source::Ram => (Backend::Ram(RamDevice::new(dev.bytes).map_err(setup_err)?), SwapKind::Ram, "[ram]".into()),
+            Source::Backend(b) => (Backend::User(b), SwapKind::Backend, "[backend]".into()),
+            Source::File(path) => {
+                let opened = FileDevice::open(&path, dev.bytes, dev.direct, dev.engine).and_then(|f| {
+                    let md = std::fs::metadata(&path)?;
+                    Ok((f, (md.dev(), md.ino())))
+                });
+                match opened {
+                    Ok((f, id)) => {
+                        file_id = Some(id);
+                        (Backend::File(f), SwapKind::File, path.display().to_string())
+                    }
+                    Err(e) => {
+                        if !existed {
+                            let _ = std::fs::remove_file(&path);
+                        }
+                        return Err(setup_err(e));
+                    }
+                }
+            }
+        };
+        let mut t = self.table.write().unwrap();
+        let prio = match dev.priority {
+            Some(p) => p,
+            None => {
+                t.least_priority -= 1;
+                t.least_priority
+            }
+        };
+        t.gen = t.gen.wrapping_add(1);
+        let id = SwapId { ty, gen: t.gen };
+        let seed = (t.gen as u64) << 32 | ty as u64;
+        let si = Arc::new(SwapInfoStruct {
+            id,
+            prio,
+            kind,
+            name,
+            file_id,
+            map: SwapMap::new(nr_slots, self.alloc, self.nr_cpus, seed),
+            cache: SwapCache::new(self.index, nr_slots),
+            io: SwapIo::new(backend, nr_slots),
+        });
+        if t.by_type.len() == ty as usize {
+            t.by_type.push(None);
+        }
+        t.by_type[ty as usize] = Some(si.clone());
+        let at = t.avail.iter().position(|d| d.prio < prio).unwrap_or(t.avail.len());
+        t.avail.insert(at, si);
+        Ok(id)
+    }
+
+    /// Turns a device off (Linux's `swapoff`); refused while slots are in use.
+    pub(crate) fn swapoff(&self, id: SwapId) -> Result<(), SwapError> {
+        let _serial = self.swapon_mutex.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = self.table.write().unwrap();
+        let si = match t.by_type.get(id.ty as usize) {
+            Some(Some(si)) if si.id == id => si.clone(),
+            _ => return Err(SwapError::NoSuchDevice { id }),
+        };
+        let used = si.map.inuse();
+        if used != 0 {
+            return Err(SwapError::Busy { id, used_pages: used });
+        }
+        t.by_type[id.ty as usize] = None;
+        t.avail.retain(|d| d.id != id);
+        Ok(())
+    }
+
+    /// Allocates up to `n` slots for CPU `cpu`, all on one device, the first in
+    /// priority order (round robin among equals) that has free slots; appends
+    /// them to `out` (each with its swap-cache reference) and returns how many.
+    pub(crate) fn get_swap_pages(&self, cpu: usize, n: usize, out: &mut Vec<SwapEntry>) -> usize {
+        let t = self.table.read().unwrap();
+        let mut slots = Vec::with_capacity(n);
+        let mut i = 0;
+        while i < t.avail.len() {
+            let prio = t.avail[i].prio;
+            let group = t.avail[i..].iter().take_while(|d| d.prio == prio).count();
+            let start = if group > 1 { self.rr.fetch_add(1, Ordering::Relaxed) } else { 0 };
+            for k in 0..group {
+                let si = &t.avail[i + (start + k) % group];
+                if si.map.get_swap_pages(cpu, n, &mut slots) > 0 {
+                    let ty = si.id.ty;
+                    out.extend(slots.iter().map(|&s| SwapEntry::new(ty, s as u64).expect("type and slot fit")));
+                    return slots.len();
+                }
+            }
+            i += group;
+        }
+        0
+    }
+
+    /// Runs `f` on the device of `entry` with its slot, or refuses the entry.
+    fn with_entry<R>(
+        &self,
+        entry: SwapEntry,
+        f: impl FnOnce(&SwapInfoStruct, u32) -> Result<R, SwapError>,
+    ) -> Result<R, SwapError> {
+        let t = self.table.read().unwrap();
+        match t.by_type.get(entry.ty() as usize) {
+            Some(Some(si)) if entry.offset() < si.map.nr_slots() as u64 => f(si, entry.offset() as u32),
+            _ => Err(SwapError::BadEntry { entry }),
+        }
+    }
+
+    /// Adds a reference to an in-use entry (`swap_duplicate`).
+    pub(crate) fn swap_duplicate(&self, entry: SwapEntry) -> Result<(), SwapError> {
+        self.with_entry(entry, |si, s| Ok(si.map.swap_duplicate(s)?))
+    }
+
+    /// Drops a reference (`swap_free`); returns the map byte left (0: the slot is
+    /// free, and its checksum forgotten).
+    pub(crate) fn swap_free(&self, entry: SwapEntry) -> Result<u8, SwapError> {
+        self.with_entry(entry, |si, s| Ok(si.map.swap_free(s, &mut |x| si.io.invalidate(x))?))
+    }
+
+    /// Claims the swap-cache reference of an in-use entry (`swapcache_prepare`).
+    pub(crate) fn swapcache_prepare(&self, entry: SwapEntry) -> Result<(), SwapError> {
+        self.with_entry(entry, |si, s| Ok(si.map.swapcache_prepare(s)?))
+    }
+
+    /// Drops the swap-cache reference (`put_swap_folio`).
+    pub(crate) fn swapcache_clear(&self, entry: SwapEntry) -> Result<u8, SwapError> {
+        self.with_entry(entry, |si, s| Ok(si.map.swapcache_clear(s, &mut |x| si.io.invalidate(x))?))
+    }
+
+    /// Writes a page to an entry's slot (`swap_writepage`).
+    pub(crate) fn swap_writepage(&self, entry: SwapEntry, page: &[u8]) -> Result<(), SwapError> {
+        self.with_entry(entry, |si, s| Ok(si.io.swap_writepage(s, page)?))
+    }
+
+    /// Writes pages to the contiguous slots from `first` on, in one request.
+    pub(crate) fn swap_writepages(&self, first: SwapEntry, pages: &[&[u8]]) -> Result<(), SwapError> {
+        self.with_entry(first, |si, s| {
+            if s as u64 + pages.len() as u64 > si.map.nr_slots() as u64 {
+                return Err(SwapError::BadEntry { entry: first });
+            }
+            Ok(si.io.swap_writepages(s, pages)?)
+        })
+    }
+
+    /// Reads an entry's slot and verifies its checksum (`swap_read_folio`).
+    pub(crate) fn swap_readpage(&self, entry: SwapEntry, page: &mut [u8]) -> Result<(), SwapError> {
+        self.with_entry(entry, |si, s| Ok(si.io.swap_readpage(s, page)?))
+    }
+
+    /// Puts `pfn` in the swap cache for `entry`.
+    pub(crate) fn add_to_swap_cache(&self, entry: SwapEntry, pfn: u32) -> Result<(), SwapError> {
+        self.with_entry(entry, |si, s| Ok(si.cache.add_to_swap_cache(&si.map, s, pfn)?))
+    }
+
+    /// The pfn cached for `entry`.
+    pub(crate) fn lookup_swap_cache(&self, entry: SwapEntry) -> Option<u32> {
+        self.with_entry(entry, |si, s| Ok(si.cache.lookup_swap_cache(s))).ok().flatten()
+    }
+
+    /// Removes `entry -> pfn` from the swap cache; false when it was not there.
+    pub(crate) fn delete_from_swap_cache(&self, entry: SwapEntry, pfn: u32) -> bool {
+        self.with_entry(entry, |si, s| Ok(si.cache.delete_from_swap_cache(&si.map, s, pfn)))
+            .unwrap_or(false)
+    }
+
+    /// The devices that are on, by type.
+    pub(crate) fn swap_info(&self) -> Vec<SwapInfo> {
+        self.table.read().unwrap().by_type.iter().flatten().map(|si| si.info()).collect()
+    }
+
+    /// `/proc/swaps`.
+    pub(crate) fn proc_swaps(&self) -> String {
+        let mut s = format!("{:<40}{:<16}{:<16}{:<16}{}\n", "Filename", "Type", "Size", "Used", "Priority");
+        for i in self.swap_info() {
+            let kind = match i.kind {
+                SwapKind::Ram => "ram",
+                SwapKind::File => "file",
+                SwapKind::Backend => "backend",
+            };
+            s += &format!(
+                "{:<40}{:<16}{:<16}{:<16}{}\n",
+                i.filename,
+                kind,
+                i.size_pages * 4,
+                i.used_pages * 4,
+                i.priority
+            );
+        }
+        s
+    }
+
+    /// Swap pages in total, and free (for `SwapTotal` / `SwapFree`).
+    pub(crate) fn nr_swap_pages(&self) -> (u64, u64) {
+        let t = self.table.read().unwrap();
+        t.by_type.iter().flatten().fold((0, 0), |(total, free), si| {
+            let n = si.map.nr_slots() as u64;
+            (total + n, free + n - si.map.inuse().min(n))
+        })
+    }
+
+    /// Lock statistics summed over the devices: (device locks, cluster locks,
+    /// swap-cache trunk locks).
+    pub(crate) fn lock_stats(&self) -> (LockStats, LockStats, LockStats) {
+        let t = self.table.read().unwrap();
+        let mut out = (LockStats::default(), LockStats::default(), LockStats::default());
+        for si in t.by_type.iter().flatten() {
+            for (acc, s) in [
+                (&mut out.0, si.map.device_lock_stats()),
+                (&mut out.1, si.map.cluster_lock_stats()),
+                (&mut out.2, si.cache.trunk_lock_stats()),
+            ] {
+                acc.acquisitions += s.acquisitions;
+                acc.contended += s.contended;
+                acc.wait_ns += s.wait_ns;
+            }
+        }
+        out
+    }
+
+    /// Verifies every device's map (call it quiet).
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let t = self.table.read().unwrap();
+        for si in t.by_type.iter().flatten() {
+            si.map.check().map_err(|e| format!("swap device {:?}: {e}", si.id))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "swapfile_tests.rs"]
+mod tests;

@@ -1,0 +1,239 @@
+//! Tests of the device set: swapon validation, priorities, entries end to end
+//! (map, cache, I/O), fault injection, real swap files, swapoff.
+
+use super::*;
+use crate::page_io::tests::Flaky;
+use std::sync::atomic::Ordering;
+
+const MB: u64 = 1 << 20;
+
+fn devices(alloc: SwapAllocPolicy, index: SwapCacheIndex) -> SwapDevices {
+    SwapDevices::new(alloc, index, 4)
+}
+
+fn page(tag: u8) -> Vec<u8> {
+    (0..PAGE_SIZE).map(|i| (i as u8).wrapping_add(tag)).collect()
+}
+
+#[test]
+fn swapon_reports_devices_like_proc_swaps() {
+    let d = devices(SwapAllocPolicy::default(), SwapCacheIndex::default());
+    let a = d.swapon(SwapDevice::ram(4 * MB)).unwrap();
+    let b = d.swapon(SwapDevice::ram(2 * MB)).unwrap();
+    let c = d.swapon(SwapDevice::ram(2 * MB).priority(7)).unwrap();
+    assert_eq!((a.swap_type(), b.swap_type(), c.swap_type()), (0, 1, 2));
+    let info = d.swap_info();
+    assert_eq!(info.len(), 3);
+    assert_eq!((info[0].id, info[0].size_pages, info[0].used_pages), (a, 1024, 0));
+    assert_eq!(info.iter().map(|i| i.priority).collect::<Vec<_>>(), vec![-2, -3, 7]);
+    assert_eq!(info[0].kind, SwapKind::Ram);
+    assert_eq!(d.nr_swap_pages(), (2048, 2048));
+    let text = d.proc_swaps();
+    assert!(text.starts_with("Filename"), "{text}");
+    assert!(text.contains("[ram]") && text.contains("4096"), "{text}");
+    assert_eq!(text.lines().count(), 4);
+}
+
+#[test]
+fn swapon_refuses_bad_input_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = devices(SwapAllocPolicy::default(), SwapCacheIndex::default());
+    let on = d.swapon(SwapDevice::file(dir.path().join("on.swap"), 2 * MB)).unwrap();
+    let before = d.swap_info();
+    let other = dir.path().join("other");
+    std::fs::write(&other, b"precious").unwrap();
+    let bad = [
+        (SwapDevice::ram(2 * MB + 1), "BadSize"),
+        (SwapDevice::ram(0), "BadSize"),
+        (SwapDevice::ram(MB), "BadSize"),
+        (SwapDevice::ram(1 << 46), "BadSize"),
+        (SwapDevice::ram(2 * MB).priority(-5), "BadPriority"),
+        (SwapDevice::ram(2 * MB).priority(40000), "BadPriority"),
+        (SwapDevice::file("", 2 * MB), "BadPath"),
+        (SwapDevice::file(dir.path(), 2 * MB), "BadPath"),
+        (SwapDevice::file("/dev/null", 2 * MB), "BadPath"),
+        (SwapDevice::file(dir.path().join("no/such/dir/f"), 2 * MB), "BadPath"),
+        (SwapDevice::file(&other, 2 * MB), "BadPath"),
+        (SwapDevice::file(dir.path().join("on.swap"), 2 * MB), "DuplicateFile"),
+        (SwapDevice::file(dir.path().join(".").join("on.swap"), 2 * MB), "DuplicateFile"),
+    ];
+    for (dev, want) in bad {
+        let what = format!("{dev:?}");
+        let e = d.swapon(dev).unwrap_err();
+        assert!(format!("{e:?}").starts_with(want), "{what}: {e:?}");
+        assert!(!e.to_string().is_empty());
+        assert_eq!(d.swap_info(), before, "{what} changed the devices");
+    }
+    assert_eq!(std::fs::read(&other).unwrap(), b"precious");
+    assert!(!dir.path().join("no").exists());
+    // swapoff of ids that name nothing.
+    assert_eq!(d.swapoff(SwapId { ty: 9, gen: 1 }), Err(SwapError::NoSuchDevice { id: SwapId { ty: 9, gen: 1 } }));
+    let stale = SwapId { ty: on.ty, gen: on.gen + 1 };
+    assert_eq!(d.swapoff(stale), Err(SwapError::NoSuchDevice { id: stale }));
+    // A device with a slot in use stays on.
+    let mut e = Vec::new();
+    assert_eq!(d.get_swap_pages(0, 1, &mut e), 1);
+    assert_eq!(d.swapoff(on), Err(SwapError::Busy { id: on, used_pages: 1 }));
+    assert_eq!(d.swap_info().len(), 1);
+    assert_eq!(d.swapcache_clear(e[0]), Ok(0));
+    d.swapoff(on).unwrap();
+    assert!(d.swap_info().is_empty());
+    assert_eq!(d.swapoff(on), Err(SwapError::NoSuchDevice { id: on }));
+    // The file stays and can go on again; the old id does not name the new device.
+    let again = d.swapon(SwapDevice::file(dir.path().join("on.swap"), 2 * MB)).unwrap();
+    assert_eq!(again.swap_type(), on.swap_type());
+    assert_ne!(again, on);
+    assert_eq!(d.swapoff(on), Err(SwapError::NoSuchDevice { id: on }));
+}
+
+#[test]
+fn swapon_refuses_a_32nd_device() {
+    let d = devices(SwapAllocPolicy::default(), SwapCacheIndex::default());
+    for _ in 0..MAX_SWAPFILES {
+        d.swapon(SwapDevice::ram(2 * MB)).unwrap();
+    }
+    assert_eq!(d.swapon(SwapDevice::ram(2 * MB)), Err(SwapError::TooManyDevices));
+    assert_eq!(d.swap_info().len(), MAX_SWAPFILES);
+}
+
+#[test]
+fn slots_come_by_priority_then_round_robin() {
+    let d = devices(SwapAllocPolicy::PerCpuCluster, SwapCacheIndex::Table);
+    let low = d.swapon(SwapDevice::ram(2 * MB).priority(1)).unwrap();
+    let hi1 = d.swapon(SwapDevice::ram(2 * MB).priority(5)).unwrap();
+    let hi2 = d.swapon(SwapDevice::ram(2 * MB).priority(5)).unwrap();
+    let mut e = Vec::new();
+    for _ in 0..100 {
+        assert_eq!(d.get_swap_pages(0, 1, &mut e), 1);
+    }
+    let on = |e: &Vec<SwapEntry>, id: SwapId| e.iter().filter(|x| x.ty() == id.swap_type()).count();
+    assert_eq!((on(&e, hi1), on(&e, hi2), on(&e, low)), (50, 50, 0));
+    // Fill both high devices: the rest comes from the low one.
+    while d.get_swap_pages(1, 64, &mut e) > 0 {}
+    assert_eq!((on(&e, hi1), on(&e, hi2), on(&e, low)), (512, 512, 512));
+    d.check().unwrap();
+    for x in &e {
+        assert_eq!(d.swapcache_clear(*x), Ok(0));
+    }
+    assert_eq!(d.nr_swap_pages(), (1536, 1536));
+}
+
+#[test]
+fn entries_round_trip_through_map_cache_and_io() {
+    for (alloc, index) in [
+        (SwapAllocPolicy::SharedCursor, SwapCacheIndex::Trunks),
+        (SwapAllocPolicy::PerCpuCursor, SwapCacheIndex::Trunks),
+        (SwapAllocPolicy::PerCpuCluster, SwapCacheIndex::Table),
+    ] {
+        let d = devices(alloc, index);
+        d.swapon(SwapDevice::ram(2 * MB)).unwrap();
+        let mut e = Vec::new();
+        d.get_swap_pages(1, 3, &mut e);
+        // Swap-out: cache, write, the PTE's reference, leave the cache.
+        for (i, &x) in e.iter().enumerate() {
+            d.add_to_swap_cache(x, 100 + i as u32).unwrap();
+            d.swap_writepage(x, &page(i as u8)).unwrap();
+            d.swap_duplicate(x).unwrap();
+            assert!(d.delete_from_swap_cache(x, 100 + i as u32));
+            assert_eq!(d.swapcache_clear(x), Ok(1));
+        }
+        assert_eq!(d.swap_info()[0].used_pages, 3);
+        // Swap-in: claim the cache, read, map, free the slot.
+        let mut buf = vec![0u8; PAGE_SIZE];
+        for (i, &x) in e.iter().enumerate() {
+            d.swapcache_prepare(x).unwrap();
+            assert!(matches!(d.swapcache_prepare(x), Err(SwapError::Map(MapError::CacheBusy(_)))));
+            d.add_to_swap_cache(x, 200).unwrap();
+            assert_eq!(d.lookup_swap_cache(x), Some(200));
+            d.swap_readpage(x, &mut buf).unwrap();
+            assert_eq!(buf, page(i as u8));
+            assert!(d.delete_from_swap_cache(x, 200));
+            assert_eq!(d.swapcache_clear(x), Ok(1));
+            assert_eq!(d.swap_free(x), Ok(0));
+            // The freed slot's checksum is forgotten.
+            assert!(matches!(d.swap_readpage(x, &mut buf), Err(SwapError::Io(SwapIoError::NotWritten { .. }))));
+        }
+        let i = &d.swap_info()[0];
+        assert_eq!((i.used_pages, i.cached_pages, i.pswpin, i.pswpout), (0, 0, 3, 3));
+        let (_, cluster, trunk) = d.lock_stats();
+        match index {
+            SwapCacheIndex::Trunks => assert!(trunk.acquisitions >= 9),
+            SwapCacheIndex::Table => assert_eq!(trunk.acquisitions, 0),
+        }
+        assert!(cluster.acquisitions > 0);
+        d.check().unwrap();
+        // An entry naming no device, or past the end of one, is refused.
+        let none = SwapEntry::new(5, 0).unwrap();
+        assert_eq!(d.swap_free(none), Err(SwapError::BadEntry { entry: none }));
+        let past = SwapEntry::new(0, 512).unwrap();
+        assert_eq!(d.swap_duplicate(past), Err(SwapError::BadEntry { entry: past }));
+        assert_eq!(d.lookup_swap_cache(past), None);
+    }
+}
+
+#[test]
+fn backend_fault_injection_end_to_end() {
+    let d = devices(SwapAllocPolicy::default(), SwapCacheIndex::default());
+    let flaky = Arc::new(Flaky::new(2 * MB));
+    d.swapon(SwapDevice::backend(flaky.clone(), 2 * MB)).unwrap();
+    let mut e = Vec::new();
+    d.get_swap_pages(0, 2, &mut e);
+    let (x, y) = (e[0], e[1]);
+    let mut buf = vec![0u8; PAGE_SIZE];
+    // Write error: reported, the slot holds nothing readable; a retry succeeds.
+    flaky.fail_write.store(true, Ordering::Relaxed);
+    assert!(matches!(d.swap_writepage(x, &page(1)), Err(SwapError::Io(SwapIoError::Io { .. }))));
+    assert!(matches!(d.swap_readpage(x, &mut buf), Err(SwapError::Io(SwapIoError::NotWritten { .. }))));
+    flaky.fail_write.store(false, Ordering::Relaxed);
+    d.swap_writepage(x, &page(1)).unwrap();
+    // Read error, then the device heals.
+    flaky.fail_read.store(true, Ordering::Relaxed);
+    assert!(matches!(d.swap_readpage(x, &mut buf), Err(SwapError::Io(SwapIoError::Io { .. }))));
+    flaky.fail_read.store(false, Ordering::Relaxed);
+    d.swap_readpage(x, &mut buf).unwrap();
+    assert_eq!(buf, page(1));
+    // A corrupted slot is an error, never data.
+    d.swap_writepage(y, &page(2)).unwrap();
+    let mut bad = page(2);
+    bad[4095] ^= 0x80;
+    flaky.ram.write(y.offset() * PAGE_SIZE as u64, &bad).unwrap();
+    assert!(matches!(d.swap_readpage(y, &mut buf), Err(SwapError::Io(SwapIoError::Corrupt { .. }))));
+    let i = &d.swap_info()[0];
+    assert_eq!((i.io_errors, i.checksum_errors, i.pswpin, i.pswpout), (2, 1, 1, 2));
+}
+
+fn swap_file_round_trip(dir: &Path, dev: impl Fn(PathBuf) -> SwapDevice) -> SwapInfo {
+    let d = devices(SwapAllocPolicy::default(), SwapCacheIndex::default());
+    let path = dir.join("mm.swap");
+    let id = d.swapon(dev(path.clone())).unwrap();
+    let mut e = Vec::new();
+    assert_eq!(d.get_swap_pages(0, 8, &mut e), 8);
+    // Contiguous slots from one cluster: one batched write.
+    assert!(e.windows(2).all(|w| w[1].offset() == w[0].offset() + 1));
+    let pages: Vec<Vec<u8>> = (0..8).map(page).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+    d.swap_writepages(e[0], &refs).unwrap();
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for (x, p) in e.iter().zip(&pages) {
+        d.swap_readpage(*x, &mut buf).unwrap();
+        assert_eq!(&buf, p);
+        assert_eq!(d.swapcache_clear(*x), Ok(0));
+    }
+    let info = d.swap_info().remove(0);
+    assert_eq!((info.kind, info.filename.clone()), (SwapKind::File, path.display().to_string()));
+    d.swapoff(id).unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 4 * MB);
+    info
+}
+
+#[test]
+fn real_swap_file_with_and_without_o_direct() {
+    let dir = tempfile::tempdir().unwrap();
+    swap_file_round_trip(dir.path(), |p| SwapDevice::file(p, 4 * MB));
+    let i = swap_file_round_trip(dir.path(), |p| SwapDevice::file(p, 4 * MB).buffered_io().sync_io());
+    assert!(!i.direct_io && !i.io_uring);
+    if let Ok(shm) = tempfile::tempdir_in("/dev/shm") {
+        swap_file_round_trip(shm.path(), |p| SwapDevice::file(p, 4 * MB));
+        swap_file_round_trip(shm.path(), |p| SwapDevice::file(p, 4 * MB).buffered_io());
+    }
+}
