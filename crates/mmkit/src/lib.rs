@@ -73,8 +73,8 @@ pub use numa_balancing::{
     should_numa_migrate_memory, Cpupid, GroupFaults, MigrateFail, MigrateQuery, ScanDecision,
     ScanParams, ScanPeriod, ScanPolicy, ScanWindow,
 };
-pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
 pub use page_io::SwapBackend;
+pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
 pub use platform::StdPlatform;
 pub use rseq::rseq_aborts;
 pub use space::{

@@ -52,7 +52,10 @@ pub trait SwapBackend: Send + Sync {
 
 fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
     let len = len as u64;
-    if offset % PAGE != 0 || len % PAGE != 0 || offset.checked_add(len).is_none_or(|e| e > size) {
+    if !offset.is_multiple_of(PAGE)
+        || !len.is_multiple_of(PAGE)
+        || offset.checked_add(len).is_none_or(|e| e > size)
+    {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("swap I/O at {offset:#x} (+{len:#x}) is unaligned or outside the device ({size:#x} bytes)"),
@@ -114,7 +117,11 @@ impl Drop for RamDevice {
 impl SwapBackend for RamDevice {
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_range(offset, buf.len(), self.size)?;
-        for (w, out) in self.words(offset, buf.len()).iter().zip(buf.chunks_exact_mut(8)) {
+        for (w, out) in self
+            .words(offset, buf.len())
+            .iter()
+            .zip(buf.chunks_exact_mut(8))
+        {
             out.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
         }
         Ok(())
@@ -122,8 +129,15 @@ impl SwapBackend for RamDevice {
 
     fn write(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         check_range(offset, buf.len(), self.size)?;
-        for (w, src) in self.words(offset, buf.len()).iter().zip(buf.chunks_exact(8)) {
-            w.store(u64::from_ne_bytes(src.try_into().unwrap()), Ordering::Relaxed);
+        for (w, src) in self
+            .words(offset, buf.len())
+            .iter()
+            .zip(buf.chunks_exact(8))
+        {
+            w.store(
+                u64::from_ne_bytes(src.try_into().unwrap()),
+                Ordering::Relaxed,
+            );
         }
         Ok(())
     }
@@ -284,7 +298,11 @@ impl FileDevice {
 
     /// Submits `ios` (offset, pointer, length, is_write) on one ring and waits
     /// for all of them; each must transfer its whole length.
-    fn uring_io(ring: &Mutex<io_uring::IoUring>, fd: i32, ios: &[(u64, *mut u8, usize, bool)]) -> io::Result<()> {
+    fn uring_io(
+        ring: &Mutex<io_uring::IoUring>,
+        fd: i32,
+        ios: &[(u64, *mut u8, usize, bool)],
+    ) -> io::Result<()> {
         let mut ring = ring.lock();
         for chunk in ios.chunks(RING_ENTRIES as usize) {
             for (i, &(off, ptr, len, write)) in chunk.iter().enumerate() {
@@ -316,7 +334,10 @@ impl FileDevice {
                     if cqe.result() < 0 {
                         err.get_or_insert(io::Error::from_raw_os_error(-cqe.result()));
                     } else if cqe.result() as usize != want {
-                        err.get_or_insert(io::Error::new(io::ErrorKind::UnexpectedEof, "short swap I/O"));
+                        err.get_or_insert(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "short swap I/O",
+                        ));
                     }
                 }
             }
@@ -329,7 +350,11 @@ impl FileDevice {
 
     fn read_aligned(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         match self.ring() {
-            Some(r) => Self::uring_io(r, self.file.as_raw_fd(), &[(offset, buf.as_mut_ptr(), buf.len(), false)]),
+            Some(r) => Self::uring_io(
+                r,
+                self.file.as_raw_fd(),
+                &[(offset, buf.as_mut_ptr(), buf.len(), false)],
+            ),
             None => pread_all(&self.file, offset, buf),
         }
     }
@@ -368,7 +393,14 @@ impl FileDevice {
 fn pread_all(f: &File, mut off: u64, mut buf: &mut [u8]) -> io::Result<()> {
     while !buf.is_empty() {
         // SAFETY: buf is valid for writes of its length.
-        let n = unsafe { libc::pread(f.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), off as libc::off_t) };
+        let n = unsafe {
+            libc::pread(
+                f.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                off as libc::off_t,
+            )
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -377,7 +409,10 @@ fn pread_all(f: &File, mut off: u64, mut buf: &mut [u8]) -> io::Result<()> {
             return Err(e);
         }
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "swap file too short"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "swap file too short",
+            ));
         }
         buf = &mut buf[n as usize..];
         off += n as u64;
@@ -388,7 +423,14 @@ fn pread_all(f: &File, mut off: u64, mut buf: &mut [u8]) -> io::Result<()> {
 fn pwrite_all(f: &File, mut off: u64, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
         // SAFETY: buf is valid for reads of its length.
-        let n = unsafe { libc::pwrite(f.as_raw_fd(), buf.as_ptr().cast(), buf.len(), off as libc::off_t) };
+        let n = unsafe {
+            libc::pwrite(
+                f.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                off as libc::off_t,
+            )
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -405,7 +447,7 @@ fn pwrite_all(f: &File, mut off: u64, mut buf: &[u8]) -> io::Result<()> {
 impl SwapBackend for FileDevice {
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_range(offset, buf.len(), self.size)?;
-        if self.direct && buf.as_ptr() as usize % PAGE_SIZE != 0 {
+        if self.direct && !(buf.as_ptr() as usize).is_multiple_of(PAGE_SIZE) {
             let mut b = AlignedBuf::new(buf.len());
             self.read_aligned(offset, b.as_mut())?;
             buf.copy_from_slice(b.as_ref());
@@ -453,7 +495,11 @@ pub(crate) enum SwapIoError {
     },
     /// The slot's content does not match the checksum written with it.
     #[error("swap slot {slot} is corrupt: CRC32C {found:#010x}, written {expected:#010x}")]
-    Corrupt { slot: u32, expected: u32, found: u32 },
+    Corrupt {
+        slot: u32,
+        expected: u32,
+        found: u32,
+    },
     /// The slot holds no successfully written page.
     #[error("swap slot {slot} was never written (or its write failed)")]
     NotWritten { slot: u32 },
@@ -534,7 +580,8 @@ impl SwapIo {
         for (c, crc) in self.csum[range].iter().zip(crcs) {
             c.store(CSUM_VALID | crc as u64, Ordering::Release);
         }
-        self.pswpout.fetch_add(pages.len() as u64, Ordering::Relaxed);
+        self.pswpout
+            .fetch_add(pages.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -577,6 +624,6 @@ impl SwapIo {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 #[path = "page_io_tests.rs"]
 pub(crate) mod tests;

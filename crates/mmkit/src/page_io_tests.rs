@@ -5,7 +5,9 @@ use super::*;
 use std::sync::atomic::AtomicBool;
 
 fn page(tag: u8) -> Vec<u8> {
-    (0..PAGE_SIZE).map(|i| (i as u8).wrapping_mul(31) ^ tag).collect()
+    (0..PAGE_SIZE)
+        .map(|i| (i as u8).wrapping_mul(31) ^ tag)
+        .collect()
 }
 
 #[test]
@@ -17,35 +19,59 @@ fn ram_device_round_trip_and_bounds() {
     d.read(3 * PAGE, &mut back).unwrap();
     assert_eq!(back, p);
     // Unaligned, partial, and out-of-range requests are refused.
-    assert_eq!(d.read(1, &mut back).unwrap_err().kind(), io::ErrorKind::InvalidInput);
-    assert_eq!(d.write(0, &p[..100]).unwrap_err().kind(), io::ErrorKind::InvalidInput);
-    assert_eq!(d.write(16 * PAGE, &p).unwrap_err().kind(), io::ErrorKind::InvalidInput);
-    assert_eq!(d.read(u64::MAX - 4095, &mut back).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+    assert_eq!(
+        d.read(1, &mut back).unwrap_err().kind(),
+        io::ErrorKind::InvalidInput
+    );
+    assert_eq!(
+        d.write(0, &p[..100]).unwrap_err().kind(),
+        io::ErrorKind::InvalidInput
+    );
+    assert_eq!(
+        d.write(16 * PAGE, &p).unwrap_err().kind(),
+        io::ErrorKind::InvalidInput
+    );
+    assert_eq!(
+        d.read(u64::MAX - 4095, &mut back).unwrap_err().kind(),
+        io::ErrorKind::InvalidInput
+    );
 }
 
 #[test]
 fn swap_io_checksums_catch_corruption() {
     let io = SwapIo::new(Backend::Ram(RamDevice::new(8 * PAGE).unwrap()), 8);
     let mut back = vec![0u8; PAGE_SIZE];
-    assert_eq!(io.swap_readpage(2, &mut back), Err(SwapIoError::NotWritten { slot: 2 }));
+    assert_eq!(
+        io.swap_readpage(2, &mut back),
+        Err(SwapIoError::NotWritten { slot: 2 })
+    );
     let (a, b) = (page(7), page(8));
     io.swap_writepages(2, &[&a, &b]).unwrap();
     io.swap_readpage(3, &mut back).unwrap();
     assert_eq!(back, b);
     // Flip one bit on the device behind the checksum's back.
-    let Backend::Ram(d) = io.backend() else { unreachable!() };
+    let Backend::Ram(d) = io.backend() else {
+        unreachable!()
+    };
     let mut raw = a.clone();
     raw[100] ^= 4;
     d.write(2 * PAGE, &raw).unwrap();
     match io.swap_readpage(2, &mut back) {
-        Err(SwapIoError::Corrupt { slot: 2, expected, found }) => {
+        Err(SwapIoError::Corrupt {
+            slot: 2,
+            expected,
+            found,
+        }) => {
             assert_eq!(expected, crc32c::crc32c(&a));
             assert_eq!(found, crc32c::crc32c(&raw));
         }
         r => panic!("corruption not caught: {r:?}"),
     }
     io.invalidate(3);
-    assert_eq!(io.swap_readpage(3, &mut back), Err(SwapIoError::NotWritten { slot: 3 }));
+    assert_eq!(
+        io.swap_readpage(3, &mut back),
+        Err(SwapIoError::NotWritten { slot: 3 })
+    );
     assert_eq!(
         io.stats(),
         SwapIoStats {
@@ -100,13 +126,22 @@ fn swap_io_fault_injection() {
     io.swap_writepage(0, &a).unwrap();
     // A failed write: an error, and the slot does not validate (old page gone).
     flaky.fail_write.store(true, Ordering::Relaxed);
-    assert!(matches!(io.swap_writepage(0, &b), Err(SwapIoError::Io { slot: 0, .. })));
-    assert_eq!(io.swap_readpage(0, &mut back), Err(SwapIoError::NotWritten { slot: 0 }));
+    assert!(matches!(
+        io.swap_writepage(0, &b),
+        Err(SwapIoError::Io { slot: 0, .. })
+    ));
+    assert_eq!(
+        io.swap_readpage(0, &mut back),
+        Err(SwapIoError::NotWritten { slot: 0 })
+    );
     flaky.fail_write.store(false, Ordering::Relaxed);
     io.swap_writepage(0, &b).unwrap();
     // A failed read, then the device heals and the same slot reads back.
     flaky.fail_read.store(true, Ordering::Relaxed);
-    assert!(matches!(io.swap_readpage(0, &mut back), Err(SwapIoError::Io { slot: 0, .. })));
+    assert!(matches!(
+        io.swap_readpage(0, &mut back),
+        Err(SwapIoError::Io { slot: 0, .. })
+    ));
     flaky.fail_read.store(false, Ordering::Relaxed);
     io.swap_readpage(0, &mut back).unwrap();
     assert_eq!(back, b);
@@ -130,7 +165,9 @@ fn file_round_trip(dir: &std::path::Path, direct: DirectIo, engine: IoEngine) ->
     }
     io.swap_readpage(63, &mut big[1..]).unwrap();
     assert_eq!(&big[1..], &pages[4][..]);
-    let Backend::File(f) = io.backend() else { unreachable!() };
+    let Backend::File(f) = io.backend() else {
+        unreachable!()
+    };
     (f.is_direct(), f.uses_io_uring())
 }
 

@@ -35,16 +35,19 @@
 //! (as in Linux 5.8) device lock -> cluster lock, and a cluster lock alone is held
 //! only to drop a reference that does not free the slot.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 
 use crossbeam_utils::CachePadded;
 use mmkit_core::LockStats;
-use parking_lot::{Mutex, MutexGuard};
 
-use crate::swap_lock::{LockClassStats, StatLock};
+use crate::swap_lock::{relax, AtomicU64, AtomicU8, Guard, LockClassStats, StatLock};
 
 /// Slots per cluster (2 MiB of 4 KiB pages, Linux's `SWAPFILE_CLUSTER`).
+#[cfg(not(loom))]
 pub(crate) const SWAPFILE_CLUSTER: u32 = 512;
+/// Slots per cluster: small, so that a loom model explores every interleaving.
+#[cfg(loom)]
+pub(crate) const SWAPFILE_CLUSTER: u32 = 2;
 /// Slots per swap-cache trunk (64 MiB, Linux's `SWAP_ADDRESS_SPACE_PAGES`).
 pub(crate) const SWAP_ADDRESS_SPACE_PAGES: u32 = 1 << 14;
 /// Largest reference count in a map byte (Linux continues in extra pages beyond;
@@ -199,15 +202,23 @@ pub(crate) struct SwapMap {
     clusters: Box<[CachePadded<StatLock<ClusterState>>]>,
     si_lock: StatLock<SiState>,
     /// `PerCpuCluster`'s per-CPU cursors (Linux's `percpu_swap_cluster`).
-    pcp: Box<[CachePadded<Mutex<PcpCursor>>]>,
+    pcp: Box<[CachePadded<StatLock<PcpCursor>>]>,
     inuse: AtomicU64,
     pub(crate) cluster_lock_stats: LockClassStats,
     pub(crate) si_lock_stats: LockClassStats,
+    /// The per-CPU cursors' locks (Linux's `local_lock`; contended only when
+    /// threads outnumber CPUs or migrate).
+    pcp_lock_stats: LockClassStats,
 }
 
 impl SwapMap {
     /// A map of `nr_slots` free slots (at least one) for `nr_cpus` CPUs.
-    pub(crate) fn new(nr_slots: u32, policy: SwapAllocPolicy, nr_cpus: usize, seed: u64) -> SwapMap {
+    pub(crate) fn new(
+        nr_slots: u32,
+        policy: SwapAllocPolicy,
+        nr_cpus: usize,
+        seed: u64,
+    ) -> SwapMap {
         assert!(nr_slots > 0);
         let nr_clusters = nr_slots.div_ceil(SWAPFILE_CLUSTER);
         let nr_cpus = nr_cpus.max(1);
@@ -241,10 +252,13 @@ impl SwapMap {
                     .collect(),
                 rng: seed | 1,
             }),
-            pcp: (0..nr_cpus).map(|_| CachePadded::new(Mutex::new(NO_CURSOR))).collect(),
+            pcp: (0..nr_cpus)
+                .map(|_| CachePadded::new(StatLock::new(NO_CURSOR)))
+                .collect(),
             inuse: AtomicU64::new(0),
             cluster_lock_stats: LockClassStats::new(),
             si_lock_stats: LockClassStats::new(),
+            pcp_lock_stats: LockClassStats::new(),
         }
     }
 
@@ -275,7 +289,7 @@ impl SwapMap {
 
     /// Takes the lock of the cluster holding `slot` (the swap table is written
     /// under it).
-    pub(crate) fn lock_cluster(&self, slot: u32) -> MutexGuard<'_, ClusterState> {
+    pub(crate) fn lock_cluster(&self, slot: u32) -> Guard<'_, ClusterState> {
         self.clusters[(slot / SWAPFILE_CLUSTER) as usize].lock(&self.cluster_lock_stats)
     }
 
@@ -306,7 +320,14 @@ impl SwapMap {
 
     /// Allocates free slots of cluster `c` from `from` on, up to `n - out.len()`
     /// (cluster lock held); returns where the scan stopped.
-    fn take_from_cluster(&self, c: u32, ci: &mut ClusterState, from: u32, n: usize, out: &mut Vec<u32>) -> u32 {
+    fn take_from_cluster(
+        &self,
+        c: u32,
+        ci: &mut ClusterState,
+        from: u32,
+        n: usize,
+        out: &mut Vec<u32>,
+    ) -> u32 {
         let end = c * SWAPFILE_CLUSTER + self.cluster_len(c);
         let mut s = from.max(c * SWAPFILE_CLUSTER);
         while s < end && out.len() < n {
@@ -332,7 +353,9 @@ impl SwapMap {
             return 0;
         }
         match self.policy {
-            SwapAllocPolicy::PerCpuCluster => self.alloc_percpu_cluster(cpu % self.pcp.len(), n, out),
+            SwapAllocPolicy::PerCpuCluster => {
+                self.alloc_percpu_cluster(cpu % self.pcp.len(), n, out)
+            }
             _ => self.scan_swap_map_slots(cpu, n, out),
         }
         out.len() - start
@@ -342,7 +365,7 @@ impl SwapMap {
     /// nonfull, free or frag list, then (device nearly full) free slots in
     /// clusters other CPUs own.
     fn alloc_percpu_cluster(&self, cpu: usize, n: usize, out: &mut Vec<u32>) {
-        let mut pc = self.pcp[cpu].lock();
+        let mut pc = self.pcp[cpu].lock(&self.pcp_lock_stats);
         while out.len() < n {
             if pc.cluster != NIL {
                 let c = pc.cluster;
@@ -368,7 +391,7 @@ impl SwapMap {
                         next: c * SWAPFILE_CLUSTER,
                     }
                 }
-                Isolated::Busy => std::thread::yield_now(),
+                Isolated::Busy => relax(),
                 Isolated::Empty => break,
             }
         }
@@ -452,7 +475,8 @@ impl SwapMap {
             SwapAllocPolicy::SharedCursor => si.cluster_next,
             _ => si.cluster_next_cpu[cpu],
         };
-        while out.len() < n && scanned < self.nr_slots as u64 && self.inuse() < self.nr_slots as u64 {
+        while out.len() < n && scanned < self.nr_slots as u64 && self.inuse() < self.nr_slots as u64
+        {
             if s >= self.nr_slots {
                 s = 0;
             }
@@ -482,7 +506,9 @@ impl SwapMap {
         }
         let prev = si.cluster_next_cpu[cpu];
         let mut next = next;
-        if prev / SWAP_ADDRESS_SPACE_PAGES != next / SWAP_ADDRESS_SPACE_PAGES || next >= self.nr_slots {
+        if prev / SWAP_ADDRESS_SPACE_PAGES != next / SWAP_ADDRESS_SPACE_PAGES
+            || next >= self.nr_slots
+        {
             si.rng ^= si.rng << 13;
             si.rng ^= si.rng >> 7;
             si.rng ^= si.rng << 17;
@@ -533,13 +559,21 @@ impl SwapMap {
 
     /// Drops one reference (Linux's `swap_free`); `on_free` runs, under the
     /// cluster lock, for a slot that became free. Returns the map byte left.
-    pub(crate) fn swap_free(&self, slot: u32, on_free: &mut dyn FnMut(u32)) -> Result<u8, MapError> {
+    pub(crate) fn swap_free(
+        &self,
+        slot: u32,
+        on_free: &mut dyn FnMut(u32),
+    ) -> Result<u8, MapError> {
         self.put(slot, 1, on_free)
     }
 
     /// Drops the swap-cache reference (Linux's `put_swap_folio` /
     /// `swapcache_clear`).
-    pub(crate) fn swapcache_clear(&self, slot: u32, on_free: &mut dyn FnMut(u32)) -> Result<u8, MapError> {
+    pub(crate) fn swapcache_clear(
+        &self,
+        slot: u32,
+        on_free: &mut dyn FnMut(u32),
+    ) -> Result<u8, MapError> {
         self.put(slot, SWAP_HAS_CACHE, on_free)
     }
 
@@ -598,7 +632,7 @@ impl SwapMap {
     /// check the lists in a quiet state).
     pub(crate) fn drain_percpu(&self) {
         for pc in self.pcp.iter() {
-            let mut pc = pc.lock();
+            let mut pc = pc.lock(&self.pcp_lock_stats);
             if pc.cluster != NIL {
                 let c = pc.cluster;
                 let mut ci = self.clusters[c as usize].lock(&self.cluster_lock_stats);
@@ -634,7 +668,12 @@ impl SwapMap {
         let si = self.si_lock.lock(&self.si_lock_stats);
         let mut total = 0u64;
         let mut on = vec![None; self.clusters.len()];
-        for l in [ClusterList::Free, ClusterList::Nonfull, ClusterList::Frag, ClusterList::Full] {
+        for l in [
+            ClusterList::Free,
+            ClusterList::Nonfull,
+            ClusterList::Frag,
+            ClusterList::Full,
+        ] {
             let mut n = 0;
             for c in si.lists.iter(l) {
                 if on[c as usize].replace(l).is_some() {
@@ -643,7 +682,10 @@ impl SwapMap {
                 n += 1;
             }
             if n != si.lists.len[l as usize] {
-                return Err(format!("{l:?} list holds {n} clusters, its length says {}", si.lists.len[l as usize]));
+                return Err(format!(
+                    "{l:?} list holds {n} clusters, its length says {}",
+                    si.lists.len[l as usize]
+                ));
             }
         }
         for c in 0..self.clusters.len() as u32 {
@@ -653,15 +695,24 @@ impl SwapMap {
                 .filter(|&s| self.swap_map[s as usize].load(Ordering::Relaxed) != 0)
                 .count() as u32;
             if used != ci.count {
-                return Err(format!("cluster {c}: {used} slots in use, count says {}", ci.count));
+                return Err(format!(
+                    "cluster {c}: {used} slots in use, count says {}",
+                    ci.count
+                ));
             }
             total += used as u64;
             let listed = on[c as usize].unwrap_or(ClusterList::Owned);
             if listed != ci.list {
-                return Err(format!("cluster {c} is on {listed:?}, its state says {:?}", ci.list));
+                return Err(format!(
+                    "cluster {c} is on {listed:?}, its state says {:?}",
+                    ci.list
+                ));
             }
             if ci.list != ClusterList::Owned && self.target_list(c, ci.count, ci.list) != ci.list {
-                return Err(format!("cluster {c} with {} slots in use is on {:?}", ci.count, ci.list));
+                return Err(format!(
+                    "cluster {c} with {} slots in use is on {:?}",
+                    ci.count, ci.list
+                ));
             }
         }
         if total != self.inuse() {
@@ -671,6 +722,10 @@ impl SwapMap {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 #[path = "swap_cluster_tests.rs"]
 mod tests;
+
+#[cfg(all(test, loom))]
+#[path = "swap_cluster_loom.rs"]
+mod loom_tests;

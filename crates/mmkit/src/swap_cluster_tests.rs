@@ -30,7 +30,11 @@ fn swap_map_fills_and_empties_every_policy() {
             calls += 1;
         }
         assert_eq!(got.len(), nr as usize, "{p:?}");
-        assert_eq!(got.iter().collect::<HashSet<_>>().len(), nr as usize, "{p:?}");
+        assert_eq!(
+            got.iter().collect::<HashSet<_>>().len(),
+            nr as usize,
+            "{p:?}"
+        );
         assert_eq!(m.inuse(), nr as u64);
         assert_eq!(m.get_swap_pages(0, 1, &mut got), 0);
         m.check().unwrap();
@@ -56,7 +60,10 @@ fn swap_map_counts_follow_duplicate_and_free() {
     assert_eq!(m.map_count(s), SWAP_HAS_CACHE | 2);
     let mut freed = Vec::new();
     assert_eq!(m.swapcache_clear(s, &mut |x| freed.push(x)), Ok(2));
-    assert_eq!(m.swapcache_clear(s, &mut |x| freed.push(x)), Err(MapError::NoCache(s)));
+    assert_eq!(
+        m.swapcache_clear(s, &mut |x| freed.push(x)),
+        Err(MapError::NoCache(s))
+    );
     m.swapcache_prepare(s).unwrap();
     assert_eq!(m.swapcache_clear(s, &mut |x| freed.push(x)), Ok(2));
     assert_eq!(m.swap_free(s, &mut |x| freed.push(x)), Ok(1));
@@ -65,10 +72,16 @@ fn swap_map_counts_follow_duplicate_and_free() {
     assert_eq!(freed, vec![s]);
     assert_eq!(m.inuse(), 0);
     // A free slot refuses every operation and stays free.
-    assert_eq!(m.swap_free(s, &mut |_| panic!()), Err(MapError::NotInUse(s)));
+    assert_eq!(
+        m.swap_free(s, &mut |_| panic!()),
+        Err(MapError::NotInUse(s))
+    );
     assert_eq!(m.swap_duplicate(s), Err(MapError::NotInUse(s)));
     assert_eq!(m.swapcache_prepare(s), Err(MapError::NotInUse(s)));
-    assert_eq!(m.swap_free(SWAPFILE_CLUSTER, &mut |_| {}), Err(MapError::OutOfRange(SWAPFILE_CLUSTER)));
+    assert_eq!(
+        m.swap_free(SWAPFILE_CLUSTER, &mut |_| {}),
+        Err(MapError::OutOfRange(SWAPFILE_CLUSTER))
+    );
     // The count saturates at SWAP_MAP_MAX.
     v.clear();
     m.get_swap_pages(0, 1, &mut v);
@@ -159,20 +172,28 @@ fn hammer(p: SwapAllocPolicy) {
         .map(|t| {
             let (m, owner) = (m.clone(), owner.clone());
             std::thread::spawn(move || {
-                let mut rng = 0x1234_5678_9abc_def1u64 ^ (t as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                let mut rng =
+                    0x1234_5678_9abc_def1u64 ^ (t as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
                 let mut next = move || {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
                     rng
                 };
-                let (mut held, mut allocated, mut freed) = (Vec::new(), 0u64, 0u64);
+                let (mut held, mut allocated, mut freed, mut short) =
+                    (Vec::new(), 0u64, 0u64, 0u64);
                 for _ in 0..300 {
                     let n = (next() % 48 + 1) as usize;
                     let start = held.len();
-                    allocated += m.get_swap_pages(t, n, &mut held) as u64;
+                    let got = m.get_swap_pages(t, n, &mut held);
+                    allocated += got as u64;
+                    short += (got < n) as u64;
                     for &s in &held[start..] {
-                        assert_eq!(owner[s as usize].swap(1, Ordering::Relaxed), 0, "slot {s} handed out twice");
+                        assert_eq!(
+                            owner[s as usize].swap(1, Ordering::Relaxed),
+                            0,
+                            "slot {s} handed out twice"
+                        );
                     }
                     let k = (next() as usize) % (held.len() + 1);
                     for _ in 0..k / 3 {
@@ -183,18 +204,21 @@ fn hammer(p: SwapAllocPolicy) {
                         freed += 1;
                     }
                 }
-                (held, allocated, freed)
+                (held, allocated, freed, short)
             })
         })
         .collect();
     let mut held = Vec::new();
-    let (mut allocated, mut freed) = (0, 0);
+    let (mut allocated, mut freed, mut short) = (0, 0, 0);
     for h in handles {
-        let (h, a, f) = h.join().unwrap();
+        let (h, a, f, s) = h.join().unwrap();
         held.extend(h);
         allocated += a;
         freed += f;
+        short += s;
     }
+    // The device ran full: the exhaustion paths (scan, steal) were taken.
+    assert!(short > 0, "{p:?}: the device never filled up");
     assert_eq!(m.inuse(), allocated - freed, "{p:?}");
     assert_eq!(m.inuse(), held.len() as u64, "{p:?}");
     m.check().unwrap();

@@ -93,11 +93,15 @@ impl SwapCache {
                     .map(|_| CachePadded::new(StatLock::new(Trunk::default())))
                     .collect(),
             ),
-            SwapCacheIndex::Table => Index::Table((0..nr_slots).map(|_| AtomicU32::new(0)).collect()),
+            SwapCacheIndex::Table => {
+                Index::Table((0..nr_slots).map(|_| AtomicU32::new(0)).collect())
+            }
         };
         SwapCache {
             index,
-            nr_cached: (0..NR_SHARDS).map(|_| CachePadded::new(AtomicI64::new(0))).collect(),
+            nr_cached: (0..NR_SHARDS)
+                .map(|_| CachePadded::new(AtomicI64::new(0)))
+                .collect(),
             trunk_lock_stats: LockClassStats::new(),
         }
     }
@@ -116,7 +120,11 @@ impl SwapCache {
 
     /// Pages in the cache (`SwapCached`).
     pub(crate) fn nr_cached(&self) -> u64 {
-        self.nr_cached.iter().map(|c| c.load(Ordering::Relaxed)).sum::<i64>().max(0) as u64
+        self.nr_cached
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum::<i64>()
+            .max(0) as u64
     }
 
     /// Statistics of the trunk locks (zero with `Table`).
@@ -131,7 +139,12 @@ impl SwapCache {
     /// Inserts `slot -> pfn` (Linux's `add_to_swap_cache`); refused when the slot
     /// already has a page. `map` is the device's swap map (its cluster lock
     /// guards the table).
-    pub(crate) fn add_to_swap_cache(&self, map: &SwapMap, slot: u32, pfn: u32) -> Result<(), CacheExists> {
+    pub(crate) fn add_to_swap_cache(
+        &self,
+        map: &SwapMap,
+        slot: u32,
+        pfn: u32,
+    ) -> Result<(), CacheExists> {
         assert!(pfn < u32::MAX, "pfn {pfn} does not fit a swap-table entry");
         match &self.index {
             Index::Trunks(t) => {
@@ -159,7 +172,10 @@ impl SwapCache {
     /// the caller locks the page and checks it still caches the slot.
     pub(crate) fn lookup_swap_cache(&self, slot: u32) -> Option<u32> {
         match &self.index {
-            Index::Trunks(t) => Self::trunk(t, slot).lock(&self.trunk_lock_stats).get(&slot).copied(),
+            Index::Trunks(t) => Self::trunk(t, slot)
+                .lock(&self.trunk_lock_stats)
+                .get(&slot)
+                .copied(),
             Index::Table(t) => match t[slot as usize].load(Ordering::Acquire) {
                 0 => None,
                 v => Some(v - 1),
@@ -198,7 +214,7 @@ impl SwapCache {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::swap_cluster::{SwapAllocPolicy, SWAPFILE_CLUSTER};
@@ -211,11 +227,19 @@ mod tests {
             let map = SwapMap::new(nr, SwapAllocPolicy::PerCpuCluster, 1, 1);
             let c = SwapCache::new(kind, nr);
             assert_eq!(c.kind(), kind);
-            for (slot, pfn) in [(0, 0), (7, 70), (SWAP_ADDRESS_SPACE_PAGES, 9), (nr - 1, 1 << 30)] {
+            for (slot, pfn) in [
+                (0, 0),
+                (7, 70),
+                (SWAP_ADDRESS_SPACE_PAGES, 9),
+                (nr - 1, 1 << 30),
+            ] {
                 assert_eq!(c.lookup_swap_cache(slot), None);
                 c.add_to_swap_cache(&map, slot, pfn).unwrap();
                 assert_eq!(c.lookup_swap_cache(slot), Some(pfn));
-                assert_eq!(c.add_to_swap_cache(&map, slot, 5), Err(CacheExists { slot, pfn }));
+                assert_eq!(
+                    c.add_to_swap_cache(&map, slot, 5),
+                    Err(CacheExists { slot, pfn })
+                );
             }
             assert_eq!(c.nr_cached(), 4);
             assert!(!c.delete_from_swap_cache(&map, 7, 71));
@@ -246,7 +270,11 @@ mod tests {
             let wins: Vec<u32> = (0..8u32)
                 .map(|t| {
                     let (map, c) = (map.clone(), c.clone());
-                    std::thread::spawn(move || (0..nr).filter(|&s| c.add_to_swap_cache(&map, s, t).is_ok()).count() as u32)
+                    std::thread::spawn(move || {
+                        (0..nr)
+                            .filter(|&s| c.add_to_swap_cache(&map, s, t).is_ok())
+                            .count() as u32
+                    })
                 })
                 .collect::<Vec<_>>()
                 .into_iter()

@@ -35,7 +35,10 @@ use std::sync::{Arc, Mutex};
 use crossbeam_utils::sync::ShardedLock;
 use mmkit_core::{LockStats, PAGE_SIZE};
 
-use crate::page_io::{Backend, DirectIo, FileDevice, IoEngine, RamDevice, SwapBackend, SwapIo, SwapIoError, SwapIoStats};
+use crate::page_io::{
+    Backend, DirectIo, FileDevice, IoEngine, RamDevice, SwapBackend, SwapIo, SwapIoError,
+    SwapIoStats,
+};
 use crate::pgtable::SwapEntry;
 use crate::swap_cluster::{MapError, SwapAllocPolicy, SwapMap, SWAPFILE_CLUSTER};
 use crate::swap_state::{CacheExists, SwapCache, SwapCacheIndex};
@@ -207,6 +210,10 @@ fn setup_err(e: io::Error) -> SwapError {
     }
 }
 
+/// What `validate` found: the free type, the file's (st_dev, st_ino) and whether
+/// it existed.
+type Validated = (u32, Option<(u64, u64)>, bool);
+
 /// One device that is on (Linux's `swap_info_struct`).
 pub(crate) struct SwapInfoStruct {
     id: SwapId,
@@ -270,7 +277,11 @@ pub(crate) struct SwapDevices {
 }
 
 impl SwapDevices {
-    pub(crate) fn new(alloc: SwapAllocPolicy, index: SwapCacheIndex, nr_cpus: usize) -> SwapDevices {
+    pub(crate) fn new(
+        alloc: SwapAllocPolicy,
+        index: SwapCacheIndex,
+        nr_cpus: usize,
+    ) -> SwapDevices {
         SwapDevices {
             alloc,
             index,
@@ -284,20 +295,21 @@ impl SwapDevices {
         }
     }
 
-    fn validate(&self, t: &Table, dev: &SwapDevice) -> Result<(u32, Option<(u64, u64)>, bool), SwapError> {
+    fn validate(&self, t: &Table, dev: &SwapDevice) -> Result<Validated, SwapError> {
         let bytes = dev.bytes;
         let bad = |reason: &str| SwapError::BadSize {
             bytes,
             reason: reason.to_string(),
         };
-        if bytes % PAGE_SIZE as u64 != 0 {
+        if !bytes.is_multiple_of(PAGE_SIZE as u64) {
             return Err(bad("not a multiple of the 4096-byte page size"));
         }
         if bytes < SWAP_MIN_BYTES {
             return Err(bad("smaller than one 2 MiB swap cluster"));
         }
         let pages = bytes / PAGE_SIZE as u64;
-        if pages > u32::MAX as u64 - 1 || pages > SwapEntry::MAX_OFFSET || bytes > isize::MAX as u64 {
+        if pages > u32::MAX as u64 - 1 || pages > SwapEntry::MAX_OFFSET || bytes > isize::MAX as u64
+        {
             return Err(bad("larger than 16 TiB"));
         }
         if let Some(p) = dev.priority {
@@ -362,13 +374,18 @@ impl SwapDevices {
         let (ty, mut file_id, existed) = self.validate(&self.table.read().unwrap(), &dev)?;
         let nr_slots = (dev.bytes / PAGE_SIZE as u64) as u32;
         let (backend, kind, name) = match dev.source {
-            Source::Ram => (Backend::Ram(RamDevice::new(dev.bytes).map_err(setup_err)?), SwapKind::Ram, "[ram]".into()),
+            Source::Ram => (
+                Backend::Ram(RamDevice::new(dev.bytes).map_err(setup_err)?),
+                SwapKind::Ram,
+                "[ram]".into(),
+            ),
             Source::Backend(b) => (Backend::User(b), SwapKind::Backend, "[backend]".into()),
             Source::File(path) => {
-                let opened = FileDevice::open(&path, dev.bytes, dev.direct, dev.engine).and_then(|f| {
-                    let md = std::fs::metadata(&path)?;
-                    Ok((f, (md.dev(), md.ino())))
-                });
+                let opened =
+                    FileDevice::open(&path, dev.bytes, dev.direct, dev.engine).and_then(|f| {
+                        let md = std::fs::metadata(&path)?;
+                        Ok((f, (md.dev(), md.ino())))
+                    });
                 match opened {
                     Ok((f, id)) => {
                         file_id = Some(id);
@@ -408,7 +425,11 @@ impl SwapDevices {
             t.by_type.push(None);
         }
         t.by_type[ty as usize] = Some(si.clone());
-        let at = t.avail.iter().position(|d| d.prio < prio).unwrap_or(t.avail.len());
+        let at = t
+            .avail
+            .iter()
+            .position(|d| d.prio < prio)
+            .unwrap_or(t.avail.len());
         t.avail.insert(at, si);
         Ok(id)
     }
@@ -423,7 +444,10 @@ impl SwapDevices {
         };
         let used = si.map.inuse();
         if used != 0 {
-            return Err(SwapError::Busy { id, used_pages: used });
+            return Err(SwapError::Busy {
+                id,
+                used_pages: used,
+            });
         }
         t.by_type[id.ty as usize] = None;
         t.avail.retain(|d| d.id != id);
@@ -440,12 +464,20 @@ impl SwapDevices {
         while i < t.avail.len() {
             let prio = t.avail[i].prio;
             let group = t.avail[i..].iter().take_while(|d| d.prio == prio).count();
-            let start = if group > 1 { self.rr.fetch_add(1, Ordering::Relaxed) } else { 0 };
+            let start = if group > 1 {
+                self.rr.fetch_add(1, Ordering::Relaxed)
+            } else {
+                0
+            };
             for k in 0..group {
                 let si = &t.avail[i + (start + k) % group];
                 if si.map.get_swap_pages(cpu, n, &mut slots) > 0 {
                     let ty = si.id.ty;
-                    out.extend(slots.iter().map(|&s| SwapEntry::new(ty, s as u64).expect("type and slot fit")));
+                    out.extend(
+                        slots
+                            .iter()
+                            .map(|&s| SwapEntry::new(ty, s as u64).expect("type and slot fit")),
+                    );
                     return slots.len();
                 }
             }
@@ -462,7 +494,9 @@ impl SwapDevices {
     ) -> Result<R, SwapError> {
         let t = self.table.read().unwrap();
         match t.by_type.get(entry.ty() as usize) {
-            Some(Some(si)) if entry.offset() < si.map.nr_slots() as u64 => f(si, entry.offset() as u32),
+            Some(Some(si)) if entry.offset() < si.map.nr_slots() as u64 => {
+                f(si, entry.offset() as u32)
+            }
             _ => Err(SwapError::BadEntry { entry }),
         }
     }
@@ -475,7 +509,9 @@ impl SwapDevices {
     /// Drops a reference (`swap_free`); returns the map byte left (0: the slot is
     /// free, and its checksum forgotten).
     pub(crate) fn swap_free(&self, entry: SwapEntry) -> Result<u8, SwapError> {
-        self.with_entry(entry, |si, s| Ok(si.map.swap_free(s, &mut |x| si.io.invalidate(x))?))
+        self.with_entry(entry, |si, s| {
+            Ok(si.map.swap_free(s, &mut |x| si.io.invalidate(x))?)
+        })
     }
 
     /// Claims the swap-cache reference of an in-use entry (`swapcache_prepare`).
@@ -485,7 +521,9 @@ impl SwapDevices {
 
     /// Drops the swap-cache reference (`put_swap_folio`).
     pub(crate) fn swapcache_clear(&self, entry: SwapEntry) -> Result<u8, SwapError> {
-        self.with_entry(entry, |si, s| Ok(si.map.swapcache_clear(s, &mut |x| si.io.invalidate(x))?))
+        self.with_entry(entry, |si, s| {
+            Ok(si.map.swapcache_clear(s, &mut |x| si.io.invalidate(x))?)
+        })
     }
 
     /// Writes a page to an entry's slot (`swap_writepage`).
@@ -494,7 +532,11 @@ impl SwapDevices {
     }
 
     /// Writes pages to the contiguous slots from `first` on, in one request.
-    pub(crate) fn swap_writepages(&self, first: SwapEntry, pages: &[&[u8]]) -> Result<(), SwapError> {
+    pub(crate) fn swap_writepages(
+        &self,
+        first: SwapEntry,
+        pages: &[&[u8]],
+    ) -> Result<(), SwapError> {
         self.with_entry(first, |si, s| {
             if s as u64 + pages.len() as u64 > si.map.nr_slots() as u64 {
                 return Err(SwapError::BadEntry { entry: first });
@@ -510,28 +552,44 @@ impl SwapDevices {
 
     /// Puts `pfn` in the swap cache for `entry`.
     pub(crate) fn add_to_swap_cache(&self, entry: SwapEntry, pfn: u32) -> Result<(), SwapError> {
-        self.with_entry(entry, |si, s| Ok(si.cache.add_to_swap_cache(&si.map, s, pfn)?))
+        self.with_entry(entry, |si, s| {
+            Ok(si.cache.add_to_swap_cache(&si.map, s, pfn)?)
+        })
     }
 
     /// The pfn cached for `entry`.
     pub(crate) fn lookup_swap_cache(&self, entry: SwapEntry) -> Option<u32> {
-        self.with_entry(entry, |si, s| Ok(si.cache.lookup_swap_cache(s))).ok().flatten()
+        self.with_entry(entry, |si, s| Ok(si.cache.lookup_swap_cache(s)))
+            .ok()
+            .flatten()
     }
 
     /// Removes `entry -> pfn` from the swap cache; false when it was not there.
     pub(crate) fn delete_from_swap_cache(&self, entry: SwapEntry, pfn: u32) -> bool {
-        self.with_entry(entry, |si, s| Ok(si.cache.delete_from_swap_cache(&si.map, s, pfn)))
-            .unwrap_or(false)
+        self.with_entry(entry, |si, s| {
+            Ok(si.cache.delete_from_swap_cache(&si.map, s, pfn))
+        })
+        .unwrap_or(false)
     }
 
     /// The devices that are on, by type.
     pub(crate) fn swap_info(&self) -> Vec<SwapInfo> {
-        self.table.read().unwrap().by_type.iter().flatten().map(|si| si.info()).collect()
+        self.table
+            .read()
+            .unwrap()
+            .by_type
+            .iter()
+            .flatten()
+            .map(|si| si.info())
+            .collect()
     }
 
     /// `/proc/swaps`.
     pub(crate) fn proc_swaps(&self) -> String {
-        let mut s = format!("{:<40}{:<16}{:<16}{:<16}{}\n", "Filename", "Type", "Size", "Used", "Priority");
+        let mut s = format!(
+            "{:<40}{:<16}{:<16}{:<16}{}\n",
+            "Filename", "Type", "Size", "Used", "Priority"
+        );
         for i in self.swap_info() {
             let kind = match i.kind {
                 SwapKind::Ram => "ram",
@@ -553,17 +611,24 @@ impl SwapDevices {
     /// Swap pages in total, and free (for `SwapTotal` / `SwapFree`).
     pub(crate) fn nr_swap_pages(&self) -> (u64, u64) {
         let t = self.table.read().unwrap();
-        t.by_type.iter().flatten().fold((0, 0), |(total, free), si| {
-            let n = si.map.nr_slots() as u64;
-            (total + n, free + n - si.map.inuse().min(n))
-        })
+        t.by_type
+            .iter()
+            .flatten()
+            .fold((0, 0), |(total, free), si| {
+                let n = si.map.nr_slots() as u64;
+                (total + n, free + n - si.map.inuse().min(n))
+            })
     }
 
     /// Lock statistics summed over the devices: (device locks, cluster locks,
     /// swap-cache trunk locks).
     pub(crate) fn lock_stats(&self) -> (LockStats, LockStats, LockStats) {
         let t = self.table.read().unwrap();
-        let mut out = (LockStats::default(), LockStats::default(), LockStats::default());
+        let mut out = (
+            LockStats::default(),
+            LockStats::default(),
+            LockStats::default(),
+        );
         for si in t.by_type.iter().flatten() {
             for (acc, s) in [
                 (&mut out.0, si.map.device_lock_stats()),
@@ -582,12 +647,14 @@ impl SwapDevices {
     pub(crate) fn check(&self) -> Result<(), String> {
         let t = self.table.read().unwrap();
         for si in t.by_type.iter().flatten() {
-            si.map.check().map_err(|e| format!("swap device {:?}: {e}", si.id))?;
+            si.map
+                .check()
+                .map_err(|e| format!("swap device {:?}: {e}", si.id))?;
         }
         Ok(())
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 #[path = "swapfile_tests.rs"]
 mod tests;

@@ -12,7 +12,9 @@ fn devices(alloc: SwapAllocPolicy, index: SwapCacheIndex) -> SwapDevices {
 }
 
 fn page(tag: u8) -> Vec<u8> {
-    (0..PAGE_SIZE).map(|i| (i as u8).wrapping_add(tag)).collect()
+    (0..PAGE_SIZE)
+        .map(|i| (i as u8).wrapping_add(tag))
+        .collect()
 }
 
 #[test]
@@ -24,8 +26,14 @@ fn swapon_reports_devices_like_proc_swaps() {
     assert_eq!((a.swap_type(), b.swap_type(), c.swap_type()), (0, 1, 2));
     let info = d.swap_info();
     assert_eq!(info.len(), 3);
-    assert_eq!((info[0].id, info[0].size_pages, info[0].used_pages), (a, 1024, 0));
-    assert_eq!(info.iter().map(|i| i.priority).collect::<Vec<_>>(), vec![-2, -3, 7]);
+    assert_eq!(
+        (info[0].id, info[0].size_pages, info[0].used_pages),
+        (a, 1024, 0)
+    );
+    assert_eq!(
+        info.iter().map(|i| i.priority).collect::<Vec<_>>(),
+        vec![-2, -3, 7]
+    );
     assert_eq!(info[0].kind, SwapKind::Ram);
     assert_eq!(d.nr_swap_pages(), (2048, 2048));
     let text = d.proc_swaps();
@@ -38,7 +46,9 @@ fn swapon_reports_devices_like_proc_swaps() {
 fn swapon_refuses_bad_input_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let d = devices(SwapAllocPolicy::default(), SwapCacheIndex::default());
-    let on = d.swapon(SwapDevice::file(dir.path().join("on.swap"), 2 * MB)).unwrap();
+    let on = d
+        .swapon(SwapDevice::file(dir.path().join("on.swap"), 2 * MB))
+        .unwrap();
     let before = d.swap_info();
     let other = dir.path().join("other");
     std::fs::write(&other, b"precious").unwrap();
@@ -52,10 +62,19 @@ fn swapon_refuses_bad_input_and_changes_nothing() {
         (SwapDevice::file("", 2 * MB), "BadPath"),
         (SwapDevice::file(dir.path(), 2 * MB), "BadPath"),
         (SwapDevice::file("/dev/null", 2 * MB), "BadPath"),
-        (SwapDevice::file(dir.path().join("no/such/dir/f"), 2 * MB), "BadPath"),
+        (
+            SwapDevice::file(dir.path().join("no/such/dir/f"), 2 * MB),
+            "BadPath",
+        ),
         (SwapDevice::file(&other, 2 * MB), "BadPath"),
-        (SwapDevice::file(dir.path().join("on.swap"), 2 * MB), "DuplicateFile"),
-        (SwapDevice::file(dir.path().join(".").join("on.swap"), 2 * MB), "DuplicateFile"),
+        (
+            SwapDevice::file(dir.path().join("on.swap"), 2 * MB),
+            "DuplicateFile",
+        ),
+        (
+            SwapDevice::file(dir.path().join(".").join("on.swap"), 2 * MB),
+            "DuplicateFile",
+        ),
     ];
     for (dev, want) in bad {
         let what = format!("{dev:?}");
@@ -67,20 +86,36 @@ fn swapon_refuses_bad_input_and_changes_nothing() {
     assert_eq!(std::fs::read(&other).unwrap(), b"precious");
     assert!(!dir.path().join("no").exists());
     // swapoff of ids that name nothing.
-    assert_eq!(d.swapoff(SwapId { ty: 9, gen: 1 }), Err(SwapError::NoSuchDevice { id: SwapId { ty: 9, gen: 1 } }));
-    let stale = SwapId { ty: on.ty, gen: on.gen + 1 };
+    assert_eq!(
+        d.swapoff(SwapId { ty: 9, gen: 1 }),
+        Err(SwapError::NoSuchDevice {
+            id: SwapId { ty: 9, gen: 1 }
+        })
+    );
+    let stale = SwapId {
+        ty: on.ty,
+        gen: on.gen + 1,
+    };
     assert_eq!(d.swapoff(stale), Err(SwapError::NoSuchDevice { id: stale }));
     // A device with a slot in use stays on.
     let mut e = Vec::new();
     assert_eq!(d.get_swap_pages(0, 1, &mut e), 1);
-    assert_eq!(d.swapoff(on), Err(SwapError::Busy { id: on, used_pages: 1 }));
+    assert_eq!(
+        d.swapoff(on),
+        Err(SwapError::Busy {
+            id: on,
+            used_pages: 1
+        })
+    );
     assert_eq!(d.swap_info().len(), 1);
     assert_eq!(d.swapcache_clear(e[0]), Ok(0));
     d.swapoff(on).unwrap();
     assert!(d.swap_info().is_empty());
     assert_eq!(d.swapoff(on), Err(SwapError::NoSuchDevice { id: on }));
     // The file stays and can go on again; the old id does not name the new device.
-    let again = d.swapon(SwapDevice::file(dir.path().join("on.swap"), 2 * MB)).unwrap();
+    let again = d
+        .swapon(SwapDevice::file(dir.path().join("on.swap"), 2 * MB))
+        .unwrap();
     assert_eq!(again.swap_type(), on.swap_type());
     assert_ne!(again, on);
     assert_eq!(d.swapoff(on), Err(SwapError::NoSuchDevice { id: on }));
@@ -92,7 +127,10 @@ fn swapon_refuses_a_32nd_device() {
     for _ in 0..MAX_SWAPFILES {
         d.swapon(SwapDevice::ram(2 * MB)).unwrap();
     }
-    assert_eq!(d.swapon(SwapDevice::ram(2 * MB)), Err(SwapError::TooManyDevices));
+    assert_eq!(
+        d.swapon(SwapDevice::ram(2 * MB)),
+        Err(SwapError::TooManyDevices)
+    );
     assert_eq!(d.swap_info().len(), MAX_SWAPFILES);
 }
 
@@ -142,7 +180,10 @@ fn entries_round_trip_through_map_cache_and_io() {
         let mut buf = vec![0u8; PAGE_SIZE];
         for (i, &x) in e.iter().enumerate() {
             d.swapcache_prepare(x).unwrap();
-            assert!(matches!(d.swapcache_prepare(x), Err(SwapError::Map(MapError::CacheBusy(_)))));
+            assert!(matches!(
+                d.swapcache_prepare(x),
+                Err(SwapError::Map(MapError::CacheBusy(_)))
+            ));
             d.add_to_swap_cache(x, 200).unwrap();
             assert_eq!(d.lookup_swap_cache(x), Some(200));
             d.swap_readpage(x, &mut buf).unwrap();
@@ -151,10 +192,16 @@ fn entries_round_trip_through_map_cache_and_io() {
             assert_eq!(d.swapcache_clear(x), Ok(1));
             assert_eq!(d.swap_free(x), Ok(0));
             // The freed slot's checksum is forgotten.
-            assert!(matches!(d.swap_readpage(x, &mut buf), Err(SwapError::Io(SwapIoError::NotWritten { .. }))));
+            assert!(matches!(
+                d.swap_readpage(x, &mut buf),
+                Err(SwapError::Io(SwapIoError::NotWritten { .. }))
+            ));
         }
         let i = &d.swap_info()[0];
-        assert_eq!((i.used_pages, i.cached_pages, i.pswpin, i.pswpout), (0, 0, 3, 3));
+        assert_eq!(
+            (i.used_pages, i.cached_pages, i.pswpin, i.pswpout),
+            (0, 0, 3, 3)
+        );
         let (_, cluster, trunk) = d.lock_stats();
         match index {
             SwapCacheIndex::Trunks => assert!(trunk.acquisitions >= 9),
@@ -166,7 +213,10 @@ fn entries_round_trip_through_map_cache_and_io() {
         let none = SwapEntry::new(5, 0).unwrap();
         assert_eq!(d.swap_free(none), Err(SwapError::BadEntry { entry: none }));
         let past = SwapEntry::new(0, 512).unwrap();
-        assert_eq!(d.swap_duplicate(past), Err(SwapError::BadEntry { entry: past }));
+        assert_eq!(
+            d.swap_duplicate(past),
+            Err(SwapError::BadEntry { entry: past })
+        );
         assert_eq!(d.lookup_swap_cache(past), None);
     }
 }
@@ -175,20 +225,30 @@ fn entries_round_trip_through_map_cache_and_io() {
 fn backend_fault_injection_end_to_end() {
     let d = devices(SwapAllocPolicy::default(), SwapCacheIndex::default());
     let flaky = Arc::new(Flaky::new(2 * MB));
-    d.swapon(SwapDevice::backend(flaky.clone(), 2 * MB)).unwrap();
+    d.swapon(SwapDevice::backend(flaky.clone(), 2 * MB))
+        .unwrap();
     let mut e = Vec::new();
     d.get_swap_pages(0, 2, &mut e);
     let (x, y) = (e[0], e[1]);
     let mut buf = vec![0u8; PAGE_SIZE];
     // Write error: reported, the slot holds nothing readable; a retry succeeds.
     flaky.fail_write.store(true, Ordering::Relaxed);
-    assert!(matches!(d.swap_writepage(x, &page(1)), Err(SwapError::Io(SwapIoError::Io { .. }))));
-    assert!(matches!(d.swap_readpage(x, &mut buf), Err(SwapError::Io(SwapIoError::NotWritten { .. }))));
+    assert!(matches!(
+        d.swap_writepage(x, &page(1)),
+        Err(SwapError::Io(SwapIoError::Io { .. }))
+    ));
+    assert!(matches!(
+        d.swap_readpage(x, &mut buf),
+        Err(SwapError::Io(SwapIoError::NotWritten { .. }))
+    ));
     flaky.fail_write.store(false, Ordering::Relaxed);
     d.swap_writepage(x, &page(1)).unwrap();
     // Read error, then the device heals.
     flaky.fail_read.store(true, Ordering::Relaxed);
-    assert!(matches!(d.swap_readpage(x, &mut buf), Err(SwapError::Io(SwapIoError::Io { .. }))));
+    assert!(matches!(
+        d.swap_readpage(x, &mut buf),
+        Err(SwapError::Io(SwapIoError::Io { .. }))
+    ));
     flaky.fail_read.store(false, Ordering::Relaxed);
     d.swap_readpage(x, &mut buf).unwrap();
     assert_eq!(buf, page(1));
@@ -196,10 +256,19 @@ fn backend_fault_injection_end_to_end() {
     d.swap_writepage(y, &page(2)).unwrap();
     let mut bad = page(2);
     bad[4095] ^= 0x80;
-    flaky.ram.write(y.offset() * PAGE_SIZE as u64, &bad).unwrap();
-    assert!(matches!(d.swap_readpage(y, &mut buf), Err(SwapError::Io(SwapIoError::Corrupt { .. }))));
+    flaky
+        .ram
+        .write(y.offset() * PAGE_SIZE as u64, &bad)
+        .unwrap();
+    assert!(matches!(
+        d.swap_readpage(y, &mut buf),
+        Err(SwapError::Io(SwapIoError::Corrupt { .. }))
+    ));
     let i = &d.swap_info()[0];
-    assert_eq!((i.io_errors, i.checksum_errors, i.pswpin, i.pswpout), (2, 1, 1, 2));
+    assert_eq!(
+        (i.io_errors, i.checksum_errors, i.pswpin, i.pswpout),
+        (2, 1, 1, 2)
+    );
 }
 
 fn swap_file_round_trip(dir: &Path, dev: impl Fn(PathBuf) -> SwapDevice) -> SwapInfo {
@@ -220,7 +289,10 @@ fn swap_file_round_trip(dir: &Path, dev: impl Fn(PathBuf) -> SwapDevice) -> Swap
         assert_eq!(d.swapcache_clear(*x), Ok(0));
     }
     let info = d.swap_info().remove(0);
-    assert_eq!((info.kind, info.filename.clone()), (SwapKind::File, path.display().to_string()));
+    assert_eq!(
+        (info.kind, info.filename.clone()),
+        (SwapKind::File, path.display().to_string())
+    );
     d.swapoff(id).unwrap();
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 4 * MB);
     info
@@ -230,10 +302,69 @@ fn swap_file_round_trip(dir: &Path, dev: impl Fn(PathBuf) -> SwapDevice) -> Swap
 fn real_swap_file_with_and_without_o_direct() {
     let dir = tempfile::tempdir().unwrap();
     swap_file_round_trip(dir.path(), |p| SwapDevice::file(p, 4 * MB));
-    let i = swap_file_round_trip(dir.path(), |p| SwapDevice::file(p, 4 * MB).buffered_io().sync_io());
+    let i = swap_file_round_trip(dir.path(), |p| {
+        SwapDevice::file(p, 4 * MB).buffered_io().sync_io()
+    });
     assert!(!i.direct_io && !i.io_uring);
     if let Ok(shm) = tempfile::tempdir_in("/dev/shm") {
         swap_file_round_trip(shm.path(), |p| SwapDevice::file(p, 4 * MB));
         swap_file_round_trip(shm.path(), |p| SwapDevice::file(p, 4 * MB).buffered_io());
+    }
+}
+
+/// 16 threads swap pages out and back in through the whole set (slots, swap
+/// cache, I/O with checksums) on two devices of one priority, in each variant:
+/// every page reads back as written, and nothing is left in use afterwards.
+#[test]
+fn swap_out_and_in_from_16_threads() {
+    for (alloc, index) in [
+        (SwapAllocPolicy::SharedCursor, SwapCacheIndex::Trunks),
+        (SwapAllocPolicy::PerCpuCursor, SwapCacheIndex::Trunks),
+        (SwapAllocPolicy::PerCpuCluster, SwapCacheIndex::Table),
+    ] {
+        let d = Arc::new(SwapDevices::new(alloc, index, 16));
+        d.swapon(SwapDevice::ram(2 * MB).priority(1)).unwrap();
+        d.swapon(SwapDevice::ram(2 * MB).priority(1)).unwrap();
+        let handles: Vec<_> = (0..16u32)
+            .map(|t| {
+                let d = d.clone();
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; PAGE_SIZE];
+                    let mut out = 0u64;
+                    for round in 0..20u32 {
+                        let mut e = Vec::new();
+                        let n = d.get_swap_pages(t as usize, 4, &mut e);
+                        out += n as u64;
+                        let pfn = |i: usize| t * 1000 + round * 10 + i as u32;
+                        for (i, &x) in e.iter().enumerate() {
+                            d.add_to_swap_cache(x, pfn(i)).unwrap();
+                            d.swap_writepage(x, &page((t * 7 + round + i as u32) as u8))
+                                .unwrap();
+                            d.swap_duplicate(x).unwrap();
+                            assert!(d.delete_from_swap_cache(x, pfn(i)));
+                            assert_eq!(d.swapcache_clear(x), Ok(1));
+                        }
+                        for (i, &x) in e.iter().enumerate() {
+                            d.swapcache_prepare(x).unwrap();
+                            d.swap_readpage(x, &mut buf).unwrap();
+                            assert_eq!(buf, page((t * 7 + round + i as u32) as u8));
+                            assert_eq!(d.swapcache_clear(x), Ok(1));
+                            assert_eq!(d.swap_free(x), Ok(0));
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        let out: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(out, 16 * 20 * 4, "{alloc:?}");
+        let info = d.swap_info();
+        assert_eq!(info.iter().map(|i| i.used_pages).sum::<u64>(), 0);
+        assert_eq!(info.iter().map(|i| i.pswpout).sum::<u64>(), out);
+        assert_eq!(info.iter().map(|i| i.pswpin).sum::<u64>(), out);
+        assert_eq!(info.iter().map(|i| i.cached_pages).sum::<u64>(), 0);
+        // Round robin: both devices took part.
+        assert!(info.iter().all(|i| i.pswpout > 0), "{info:?}");
+        d.check().unwrap();
     }
 }
