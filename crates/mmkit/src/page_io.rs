@@ -390,17 +390,12 @@ impl FileDevice {
     }
 }
 
-fn pread_all(f: &File, mut off: u64, mut buf: &mut [u8]) -> io::Result<()> {
-    while !buf.is_empty() {
-        // SAFETY: buf is valid for writes of its length.
-        let n = unsafe {
-            libc::pread(
-                f.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                off as libc::off_t,
-            )
-        };
+/// Runs `op(done, offset)` (one `pread`/`pwrite` of the rest from `done` bytes
+/// on) until `len` bytes moved, retrying on `EINTR` and short transfers.
+fn io_all(len: usize, off: u64, mut op: impl FnMut(usize, u64) -> isize) -> io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        let n = op(done, off + done as u64);
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -414,34 +409,25 @@ fn pread_all(f: &File, mut off: u64, mut buf: &mut [u8]) -> io::Result<()> {
                 "swap file too short",
             ));
         }
-        buf = &mut buf[n as usize..];
-        off += n as u64;
+        done += n as usize;
     }
     Ok(())
 }
 
-fn pwrite_all(f: &File, mut off: u64, mut buf: &[u8]) -> io::Result<()> {
-    while !buf.is_empty() {
-        // SAFETY: buf is valid for reads of its length.
-        let n = unsafe {
-            libc::pwrite(
-                f.as_raw_fd(),
-                buf.as_ptr().cast(),
-                buf.len(),
-                off as libc::off_t,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        buf = &buf[n as usize..];
-        off += n as u64;
-    }
-    Ok(())
+fn pread_all(f: &File, off: u64, buf: &mut [u8]) -> io::Result<()> {
+    let (fd, len, p) = (f.as_raw_fd(), buf.len(), buf.as_mut_ptr());
+    io_all(len, off, |done, at| {
+        // SAFETY: `p + done .. p + len` lies inside `buf`, valid for writes.
+        unsafe { libc::pread(fd, p.add(done).cast(), len - done, at as libc::off_t) }
+    })
+}
+
+fn pwrite_all(f: &File, off: u64, buf: &[u8]) -> io::Result<()> {
+    let (fd, len, p) = (f.as_raw_fd(), buf.len(), buf.as_ptr());
+    io_all(len, off, |done, at| {
+        // SAFETY: `p + done .. p + len` lies inside `buf`, valid for reads.
+        unsafe { libc::pwrite(fd, p.add(done).cast(), len - done, at as libc::off_t) }
+    })
 }
 
 impl SwapBackend for FileDevice {

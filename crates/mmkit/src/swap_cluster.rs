@@ -521,6 +521,21 @@ impl SwapMap {
     /// Adds a reference to an in-use slot (Linux's `swap_duplicate`, for a page-
     /// table entry that will hold it).
     pub(crate) fn swap_duplicate(&self, slot: u32) -> Result<(), MapError> {
+        self.update_in_use(slot, |v| {
+            if v & !SWAP_HAS_CACHE >= SWAP_MAP_MAX {
+                return Err(MapError::TooManyRefs(slot));
+            }
+            Ok(v + 1)
+        })
+    }
+
+    /// Under the cluster lock, replaces the map byte `v` of an in-use slot by
+    /// `f(v)`, or leaves it when `f` refuses.
+    fn update_in_use(
+        &self,
+        slot: u32,
+        f: impl FnOnce(u8) -> Result<u8, MapError>,
+    ) -> Result<(), MapError> {
         if slot >= self.nr_slots {
             return Err(MapError::OutOfRange(slot));
         }
@@ -530,10 +545,7 @@ impl SwapMap {
         if v == 0 {
             return Err(MapError::NotInUse(slot));
         }
-        if v & !SWAP_HAS_CACHE >= SWAP_MAP_MAX {
-            return Err(MapError::TooManyRefs(slot));
-        }
-        m.store(v + 1, Ordering::Relaxed);
+        m.store(f(v)?, Ordering::Relaxed);
         Ok(())
     }
 
@@ -541,20 +553,12 @@ impl SwapMap {
     /// `swapcache_prepare`): of concurrent callers, one wins and reads the slot,
     /// the others find the page in the cache or wait.
     pub(crate) fn swapcache_prepare(&self, slot: u32) -> Result<(), MapError> {
-        if slot >= self.nr_slots {
-            return Err(MapError::OutOfRange(slot));
-        }
-        let _ci = self.lock_cluster(slot);
-        let m = &self.swap_map[slot as usize];
-        let v = m.load(Ordering::Relaxed);
-        if v == 0 {
-            return Err(MapError::NotInUse(slot));
-        }
-        if v & SWAP_HAS_CACHE != 0 {
-            return Err(MapError::CacheBusy(slot));
-        }
-        m.store(v | SWAP_HAS_CACHE, Ordering::Relaxed);
-        Ok(())
+        self.update_in_use(slot, |v| {
+            if v & SWAP_HAS_CACHE != 0 {
+                return Err(MapError::CacheBusy(slot));
+            }
+            Ok(v | SWAP_HAS_CACHE)
+        })
     }
 
     /// Drops one reference (Linux's `swap_free`); `on_free` runs, under the

@@ -32,6 +32,20 @@ fn model(preemptions: Option<usize>, f: impl Fn() + Sync + Send + 'static) -> us
     runs.load(Ordering::Relaxed)
 }
 
+/// A map of two clusters, every slot in use, both clusters on the full list.
+fn full_map() -> Arc<SwapMap> {
+    let m = Arc::new(SwapMap::new(
+        2 * SWAPFILE_CLUSTER,
+        SwapAllocPolicy::PerCpuCluster,
+        2,
+        1,
+    ));
+    let mut all = Vec::new();
+    assert_eq!(m.get_swap_pages(1, 4, &mut all), 4);
+    m.drain_percpu();
+    m
+}
+
 /// Two CPUs allocate concurrently on two clusters: one each, then the one that
 /// uses its cluster up takes the other's leftovers (steal) or finds none.
 #[test]
@@ -72,15 +86,7 @@ fn loom_percpu_cluster_two_allocators() {
 #[test]
 fn loom_percpu_cluster_free_races_isolate() {
     let runs = model(None, || {
-        let m = Arc::new(SwapMap::new(
-            2 * SWAPFILE_CLUSTER,
-            SwapAllocPolicy::PerCpuCluster,
-            2,
-            1,
-        ));
-        let mut all = Vec::new();
-        m.get_swap_pages(1, 4, &mut all);
-        m.drain_percpu();
+        let m = full_map();
         let m1 = m.clone();
         let t = thread::spawn(move || {
             assert_eq!(m1.swapcache_clear(0, &mut |_| {}), Ok(0));
@@ -108,15 +114,7 @@ fn loom_percpu_cluster_free_races_isolate() {
 #[test]
 fn loom_percpu_cluster_busy_cluster_is_retried() {
     let runs = model(Some(PREEMPTIONS), || {
-        let m = Arc::new(SwapMap::new(
-            2 * SWAPFILE_CLUSTER,
-            SwapAllocPolicy::PerCpuCluster,
-            2,
-            1,
-        ));
-        let mut all = Vec::new();
-        m.get_swap_pages(1, 4, &mut all);
-        m.drain_percpu();
+        let m = full_map();
         assert_eq!(m.swapcache_clear(1, &mut |_| {}), Ok(0));
         assert_eq!(m.list_counts(), [0, 1, 0, 1, 0]);
         let m1 = m.clone();

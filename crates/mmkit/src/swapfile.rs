@@ -150,11 +150,13 @@ pub enum SwapKind {
 /// One device as `/proc/swaps` shows it, and its counters.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SwapInfo {
+    /// The device.
     pub id: SwapId,
     /// Slots (pages) of the device.
     pub size_pages: u64,
     /// Slots in use.
     pub used_pages: u64,
+    /// Its priority (higher is used first).
     pub priority: i32,
     /// The file's path, or `[ram]` / `[backend]`.
     pub filename: String,
@@ -165,8 +167,9 @@ pub struct SwapInfo {
     pub direct_io: bool,
     /// A file whose I/O goes through `io_uring`.
     pub io_uring: bool,
-    /// Pages read (`pswpin`) and written (`pswpout`).
+    /// Pages read and verified (`pswpin`).
     pub pswpin: u64,
+    /// Pages written (`pswpout`).
     pub pswpout: u64,
     /// Failed reads and writes.
     pub io_errors: u64,
