@@ -19,6 +19,7 @@ const GFP_DIRECT_RECLAIM_BIT: u32 = 1 << 3;
 const GFP_KSWAPD_RECLAIM_BIT: u32 = 1 << 4;
 const GFP_ZERO_BIT: u32 = 1 << 5;
 const GFP_NOWARN_BIT: u32 = 1 << 6;
+const GFP_THISNODE_BIT: u32 = 1 << 7;
 
 impl Gfp {
     /// Unmovable kernel allocation that may reclaim; never below the min watermark.
@@ -38,6 +39,9 @@ impl Gfp {
     pub const NOWARN: Gfp = Gfp(GFP_NOWARN_BIT);
     /// Allowed to dip into the min watermark reserve (`__GFP_HIGH`).
     pub const HIGH: Gfp = Gfp(GFP_HIGH_BIT);
+    /// Only from the preferred node, no fallback along its zonelist
+    /// (`__GFP_THISNODE`).
+    pub const THISNODE: Gfp = Gfp(GFP_THISNODE_BIT);
 
     /// The raw bits.
     pub const fn bits(self) -> u32 {
@@ -67,6 +71,11 @@ impl Gfp {
     #[inline]
     pub const fn can_wake_kswapd(self) -> bool {
         self.0 & GFP_KSWAPD_RECLAIM_BIT != 0
+    }
+    /// Only the preferred node (`__GFP_THISNODE`)?
+    #[inline]
+    pub const fn thisnode(self) -> bool {
+        self.0 & GFP_THISNODE_BIT != 0
     }
 }
 
@@ -166,6 +175,14 @@ pub struct AllocContext {
     pub mt: usize,
     /// `ALLOC_*` flags for the slow path (watermark bits are chosen per attempt).
     pub(crate) slow_flags: u32,
+    /// The preferred node: its zonelist is walked (Linux's `preferred_zoneref`).
+    pub(crate) nid: usize,
+    /// The node of the allocating CPU or thread (`numa_local` / `numa_other`).
+    pub(crate) local: usize,
+    /// The nodes allowed, as `NodeMask` bits (all ones: no nodemask).
+    pub(crate) nodemask: u64,
+    /// The node was chosen by interleaving (`numa_interleave`).
+    pub(crate) interleave: bool,
 }
 
 impl AllocContext {
@@ -184,6 +201,10 @@ impl AllocContext {
             gfp,
             mt: gfp.migratetype() as usize,
             slow_flags,
+            nid: 0,
+            local: 0,
+            nodemask: !0,
+            interleave: false,
         }
     }
 }

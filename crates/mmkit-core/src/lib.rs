@@ -26,7 +26,8 @@ pub mod stat;
 pub mod zone;
 
 pub use crate::page_alloc::{
-    AllocError, Claim, FreeError, NoHooks, PageAlloc, SlowPathHooks, ZoneInfo,
+    AllocError, Claim, FreeError, NoHooks, NodeReq, NumaStat, NumaStats, PageAlloc, SlowPathHooks,
+    ZoneInfo,
 };
 pub use compaction::{CompactControl, CompactMode, CompactPriority, CompactResult, CompactStats};
 pub use config::{Config, MergePolicy, PcpHighPolicy, PcpPolicy, RefillPolicy};

@@ -159,11 +159,16 @@ impl<P: Platform> Drop for ZoneGuard<'_, P> {
 }
 
 impl<P: Platform> Zone<P> {
-    pub(crate) fn new(name: &'static str, span: Span, managed: u64) -> Self {
+    /// A zone of `managed` pages out of `total` managed by all zones: Linux's
+    /// `min_free_kbytes` is computed from the total and each zone's min is its
+    /// share of it, in proportion to its size (`__setup_per_zone_wmarks`).
+    pub(crate) fn new(name: &'static str, span: Span, managed: u64, total: u64) -> Self {
         // Linux: min_free_kbytes = sqrt(lowmem_kbytes * 16), clamped to [128, 262144].
-        let kb = managed * 4;
+        let total = total.max(managed).max(1);
+        let kb = total * 4;
         let min_kb = isqrt(kb * 16).clamp(128, 262_144);
-        let min = (min_kb / 4).min(managed / 4).max(1);
+        let min_total = (min_kb / 4).min(total / 4);
+        let min = (min_total * managed / total).max(1);
         // watermark_scale_factor = 10 (0.1% of the zone).
         let gap = (min / 4).max(managed / 1000);
         Zone {

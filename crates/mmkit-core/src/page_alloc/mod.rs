@@ -35,6 +35,7 @@ use core::sync::atomic::{AtomicU8, Ordering};
 
 use crate::compaction::{CompactPriority, CompactResult};
 use crate::config::{Config, PcpHighPolicy, PcpPolicy};
+use crate::node::{Distances, NodeMask, NodeStates, Zonelists, MAX_NUMNODES};
 use crate::gfp::{
     AllocContext, Gfp, MigrateType, ALLOC_HARDER, ALLOC_WMARK_LOW, ALLOC_WMARK_MASK,
     MIGRATE_PCPTYPES, MIGRATE_TYPES,
@@ -48,6 +49,8 @@ use crate::pcp_cache::{PcpCacheTable, PCP_CACHE_SLOTS};
 use crate::platform::Platform;
 use crate::stat::{AtomicEvents, LockStats, VmEvent, VmEvents};
 use crate::zone::{MemMap, Span, Zone};
+use numa::{node_allowed, NumaCounters};
+pub use numa::{NodeReq, NumaStat, NumaStats};
 
 /// Highest order that is cheap to satisfy (Linux's `PAGE_ALLOC_COSTLY_ORDER`):
 /// the highest order with per-CPU lists; above it the slow path compacts before
@@ -57,6 +60,7 @@ pub const PAGE_ALLOC_COSTLY_ORDER: u32 = PCP_MAX_ORDER;
 
 mod check;
 mod free;
+mod numa;
 mod pcplist;
 mod slowpath;
 #[cfg(test)]
@@ -69,6 +73,9 @@ pub enum AllocError {
     NoMemory,
     /// The order is above `MAX_ORDER`.
     InvalidOrder,
+    /// The preferred node is not one of this allocator's, or the nodemask holds
+    /// none of them.
+    BadNode,
 }
 
 /// Why a free was refused. Nothing was changed.
@@ -141,6 +148,8 @@ impl SlowPathHooks for NoHooks {}
 pub struct ZoneInfo {
     /// Zone name ("Normal").
     pub name: &'static str,
+    /// The node the zone belongs to.
+    pub node: usize,
     /// First pfn of the zone.
     pub start_pfn: u64,
     /// Pages spanned.
@@ -174,6 +183,11 @@ pub struct PageAlloc<P: Platform> {
     /// Lock-free order-0 caches in front of `pcp` (None: off or unavailable).
     caches: Option<PcpCacheTable>,
     pub(crate) events: Box<[AtomicEvents]>,
+    /// Each node's fallback order (one zone per node: zone index == node id).
+    zonelists: Zonelists,
+    /// Per-CPU NUMA counters, `[cpu * nr_nodes + node]`; empty with one node
+    /// (then every allocation is a local hit, derived on read).
+    numa: Box<[NumaCounters]>,
     ncpu: usize,
     nr_pages: u64,
 }
@@ -202,11 +216,50 @@ fn zone_batchsize(managed: u64) -> u32 {
 
 impl<P: Platform> PageAlloc<P> {
     /// Builds an allocator managing `nr_pages` frames (pfn 0..nr_pages), all free,
-    /// in one zone. `nr_pages` must be at least one pageblock and fit `u32`.
+    /// in one zone on one node. `nr_pages` must be at least one pageblock and fit
+    /// `u32`.
     pub fn new(cfg: Config, nr_pages: u64) -> Result<Self, &'static str> {
-        if nr_pages < PAGEBLOCK_NR_PAGES as u64 {
-            return Err("memory too small: need at least one pageblock (2 MiB)");
+        let one = Zonelists::build(
+            &Distances::uniform(1),
+            &NodeStates {
+                memory: NodeMask::first_n(1),
+                cpu: NodeMask::first_n(1),
+            },
+        );
+        Self::with_nodes(cfg, &[nr_pages], one)
+    }
+
+    /// Builds an allocator over consecutive nodes: node `i` holds `node_pages[i]`
+    /// frames, right after node `i - 1`'s, in one zone of its own (Linux's
+    /// ZONE_NORMAL per pgdat) with its own watermarks (its share of the total),
+    /// free lists, statistics, per-CPU lists and caches. Every node but the last
+    /// must be a multiple of a MAX_ORDER block (buddies never straddle nodes),
+    /// each at least one pageblock; `zonelists` gives each node's fallback order
+    /// and must have one entry per node.
+    pub fn with_nodes(
+        cfg: Config,
+        node_pages: &[u64],
+        zonelists: Zonelists,
+    ) -> Result<Self, &'static str> {
+        let nr_nodes = node_pages.len();
+        if nr_nodes == 0 || nr_nodes > MAX_NUMNODES {
+            return Err("need between 1 and 64 nodes");
         }
+        if zonelists.nr_nodes() != nr_nodes
+            || (0..nr_nodes).any(|n| zonelists.fallback_order(n).first() != Some(&n))
+        {
+            return Err("zonelists must cover every node, each starting with itself");
+        }
+        if node_pages.iter().any(|&p| p < PAGEBLOCK_NR_PAGES as u64) {
+            return Err("memory too small: need at least one pageblock (2 MiB) per node");
+        }
+        if node_pages[..nr_nodes - 1]
+            .iter()
+            .any(|&p| p % (1u64 << MAX_ORDER) != 0)
+        {
+            return Err("every node but the last must be a multiple of a MAX_ORDER block (4 MiB)");
+        }
+        let nr_pages: u64 = node_pages.iter().sum();
         if nr_pages >= u32::MAX as u64 {
             return Err("memory too large: at most 2^32 - 1 pages (16 TiB)");
         }
@@ -222,35 +275,37 @@ impl<P: Platform> PageAlloc<P> {
             pages,
             pageblock_mt,
         };
-        let span = Span {
-            start: 0,
-            end: nr_pages as u32,
-        };
-        let zone = Zone::<P>::new("Normal", span, nr_pages);
-        let batch = cfg
-            .pcp_batch
-            .unwrap_or_else(|| zone_batchsize(nr_pages))
-            .max(1);
-        let high_min = 6 * batch;
-        let high_max = match cfg.pcp_high {
-            PcpHighPolicy::Fixed => high_min,
-            PcpHighPolicy::Auto => ((nr_pages / 8 / cfg.nr_cpus as u64) as u32)
-                .min(16384)
-                .max(high_min),
-        };
         let ncpu = cfg.nr_cpus;
-        let zones: Box<[Zone<P>]> = alloc::vec![zone].into_boxed_slice();
-        let pcp_count = if cfg.pcp == PcpPolicy::On {
-            ncpu * zones.len()
-        } else {
-            0
-        };
-        let pcp: Box<[PerCpuPages]> = (0..pcp_count)
-            .map(|_| PerCpuPages::new(batch, high_min, high_max))
-            .collect();
+        let mut zones = Vec::with_capacity(nr_nodes);
+        let mut pcp = Vec::new();
+        let mut start = 0u64;
+        for &np in node_pages {
+            let span = Span {
+                start: start as u32,
+                end: (start + np) as u32,
+            };
+            start += np;
+            zones.push(Zone::<P>::new("Normal", span, np, nr_pages));
+            let batch = cfg.pcp_batch.unwrap_or_else(|| zone_batchsize(np)).max(1);
+            let high_min = 6 * batch;
+            let high_max = match cfg.pcp_high {
+                PcpHighPolicy::Fixed => high_min,
+                PcpHighPolicy::Auto => ((np / 8 / ncpu as u64) as u32).min(16384).max(high_min),
+            };
+            if cfg.pcp == PcpPolicy::On {
+                pcp.extend((0..ncpu).map(|_| PerCpuPages::new(batch, high_min, high_max)));
+            }
+        }
+        let zones: Box<[Zone<P>]> = zones.into_boxed_slice();
+        let pcp: Box<[PerCpuPages]> = pcp.into_boxed_slice();
         let events: Box<[AtomicEvents]> = (0..ncpu).map(|_| AtomicEvents::new()).collect();
-        let caches = (pcp_count > 0 && cfg.pcp_cache && P::cache_ops_available())
+        let caches = (!pcp.is_empty() && cfg.pcp_cache && P::cache_ops_available())
             .then(|| PcpCacheTable::new(zones.len(), ncpu));
+        let numa: Box<[NumaCounters]> = if nr_nodes > 1 {
+            (0..ncpu * nr_nodes).map(|_| NumaCounters::default()).collect()
+        } else {
+            Box::default()
+        };
         let pa = PageAlloc {
             cfg,
             mem,
@@ -258,6 +313,8 @@ impl<P: Platform> PageAlloc<P> {
             pcp,
             caches,
             events,
+            zonelists,
+            numa,
             ncpu,
             nr_pages,
         };
@@ -293,13 +350,13 @@ impl<P: Platform> PageAlloc<P> {
     /// Memory nodes (Linux's `nr_online_nodes`). Per-node state of the layers
     /// above (LRU lists, kswapd, kcompactd) is indexed `0..nr_nodes()`.
     pub fn nr_nodes(&self) -> usize {
-        1
+        self.zones.len()
     }
 
     /// The node of a frame (Linux's `pfn_to_nid`); `0..nr_nodes()`.
     #[inline]
-    pub fn pfn_to_nid(&self, _pfn: Pfn) -> usize {
-        0
+    pub fn pfn_to_nid(&self, pfn: Pfn) -> usize {
+        self.zone_of(pfn.get().min(u32::MAX as u64) as u32)
     }
 
     /// The descriptor of a frame.
@@ -322,9 +379,10 @@ impl<P: Platform> PageAlloc<P> {
         if self.zones.len() == 1 {
             return 0;
         }
+        // Spans are consecutive: the last zone starting at or below `idx`.
         self.zones
             .iter()
-            .position(|z| idx >= z.span.start && idx < z.span.end)
+            .rposition(|z| z.span.start <= idx)
             .unwrap_or(0)
     }
 
@@ -370,26 +428,39 @@ impl<P: Platform> PageAlloc<P> {
         hooks: &impl SlowPathHooks,
         pg: u32,
     ) -> Result<Pfn, AllocError> {
+        self.alloc_pages_ac(&AllocContext::new(gfp), order, hooks, pg)
+    }
+
+    /// The allocation proper (Linux's `__alloc_pages`): the fast path along the
+    /// zonelist of `ac`'s preferred node (within its nodemask), then the slow path.
+    #[inline(always)]
+    fn alloc_pages_ac(
+        &self,
+        ac: &AllocContext,
+        order: u32,
+        hooks: &impl SlowPathHooks,
+        pg: u32,
+    ) -> Result<Pfn, AllocError> {
         if order > MAX_ORDER {
             return Err(AllocError::InvalidOrder);
         }
-        let ac = AllocContext::new(gfp);
         if order == 0 && ac.mt < MIGRATE_PCPTYPES {
             if let Some(c) = &self.caches {
-                for z in 0..self.zones.len() {
-                    if !self.zones[z].watermark_ok(0, ALLOC_WMARK_LOW) {
+                for &z in self.zonelist(ac) {
+                    if !node_allowed(ac, z) || !self.zones[z].watermark_ok(0, ALLOC_WMARK_LOW) {
                         continue;
                     }
                     if let Some(idx) = c.pop::<P>(z, ac.mt) {
+                        self.zone_statistics(ac, z, 1);
                         return Ok(self.prep_new_page(idx, 0, ac.mt, pg));
                     }
                 }
             }
         }
-        if let Some(idx) = self.get_page_from_freelist(order, ALLOC_WMARK_LOW, &ac) {
+        if let Some(idx) = self.get_page_from_freelist(order, ALLOC_WMARK_LOW, ac) {
             return Ok(self.prep_new_page(idx, order, ac.mt, pg));
         }
-        self.alloc_slowpath(order, &ac, hooks, pg)
+        self.alloc_slowpath(order, ac, hooks, pg)
     }
 
     /// Whether the lock-free per-CPU caches are in use.
@@ -413,18 +484,23 @@ impl<P: Platform> PageAlloc<P> {
 
     #[inline(always)]
     fn alloc_pages_bulk_flags(&self, gfp: Gfp, out: &mut [Pfn], pg: u32) -> usize {
-        let ac = AllocContext::new(gfp);
+        self.alloc_pages_bulk_ac(&AllocContext::new(gfp), out, pg)
+    }
+
+    /// `alloc_pages_bulk` for the context `ac` (its zonelist and nodemask).
+    #[inline(always)]
+    fn alloc_pages_bulk_ac(&self, ac: &AllocContext, out: &mut [Pfn], pg: u32) -> usize {
         let mut n = 0;
         if !self.pcp.is_empty() && ac.mt < MIGRATE_PCPTYPES {
             // The cache first: it holds the pages that come next off the list.
             if let Some(c) = &self.caches {
                 let mut buf = [0u32; PCP_CACHE_SLOTS];
-                for z in 0..self.zones.len() {
+                for &z in self.zonelist(ac) {
                     let want = (out.len() - n).min(PCP_CACHE_SLOTS);
                     if want == 0 {
                         break;
                     }
-                    if !self.zones[z].watermark_ok(0, ALLOC_WMARK_LOW) {
+                    if !node_allowed(ac, z) || !self.zones[z].watermark_ok(0, ALLOC_WMARK_LOW) {
                         continue;
                     }
                     let got = c.pop_many::<P>(z, ac.mt, &mut buf[..want]);
@@ -432,15 +508,20 @@ impl<P: Platform> PageAlloc<P> {
                         *o = Pfn::new(idx as u64);
                     }
                     n += got;
+                    self.zone_statistics(ac, z, got as u64);
                 }
             }
-            for z in 0..self.zones.len() {
+            for &z in self.zonelist(ac) {
                 if n == out.len() {
                     break;
+                }
+                if !node_allowed(ac, z) {
+                    continue;
                 }
                 let Some(mut g) = self.pcp_trylock(z) else {
                     continue;
                 };
+                let before = n;
                 while n < out.len() {
                     match self.rmqueue_pcplist(z, &mut g, 0, ac.mt, ALLOC_WMARK_LOW) {
                         Some(idx) => out[n] = Pfn::new(idx as u64),
@@ -449,13 +530,14 @@ impl<P: Platform> PageAlloc<P> {
                     n += 1;
                 }
                 drop(g);
+                self.zone_statistics(ac, z, (n - before) as u64);
                 if n == out.len() {
                     break;
                 }
             }
         } else {
             while n < out.len() {
-                match self.get_page_from_freelist(0, ALLOC_WMARK_LOW, &ac) {
+                match self.get_page_from_freelist(0, ALLOC_WMARK_LOW, ac) {
                     Some(idx) => out[n] = Pfn::new(idx as u64),
                     None => break,
                 }
@@ -488,8 +570,12 @@ impl<P: Platform> PageAlloc<P> {
         alloc_flags: u32,
         ac: &AllocContext,
     ) -> Option<u32> {
-        for z in 0..self.zones.len() {
+        for &z in self.zonelist(ac) {
+            if !node_allowed(ac, z) {
+                continue;
+            }
             if let Some(idx) = self.rmqueue(z, order, alloc_flags, ac) {
+                self.zone_statistics(ac, z, 1);
                 return Some(idx);
             }
         }
@@ -602,6 +688,9 @@ impl<P: Platform> PageAlloc<P> {
         for e in self.events.iter() {
             e.reset();
         }
+        for c in self.numa.iter() {
+            c.reset();
+        }
         for z in self.zones.iter() {
             let mut g = z.lock();
             g.events = [0; crate::stat::NR_VM_EVENTS];
@@ -643,6 +732,7 @@ impl<P: Platform> PageAlloc<P> {
             }
             out.push(ZoneInfo {
                 name: z.name,
+                node: zi,
                 start_pfn: z.span.start as u64,
                 spanned: (z.span.end - z.span.start) as u64,
                 managed: z.managed,

@@ -80,6 +80,7 @@ impl<P: Platform> PageAlloc<P> {
                 };
                 if result == CompactResult::Success {
                     if let Some(pfn) = hooks.take_captured(order) {
+                        self.zone_statistics(ac, self.pfn_to_nid(pfn), 1);
                         return Ok(self.prep_new_page(pfn.get() as u32, order, ac.mt, pg));
                     }
                 }
