@@ -1,13 +1,14 @@
 //! Building an [`Mm`]: [`MmBuilder`] (the arena, the policies, clearing,
 //! fault-around, compaction) and [`Variant`], the named policy sets the lab
-//! compares. `build` maps the arena, builds the core allocator and starts the
+//! compares. `build` maps the arena, splits it over the topology's nodes (one
+//! zone each), builds the core allocator and starts the
 //! background threads (the vmstat worker under auto-tuned per-CPU `high`, and
 //! kcompactd).
 //!
 //! Invariants: a builder is plain data until `build`; a refused `build` leaves
 //! nothing behind (no mapping, no thread). No lock.
 
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use mmkit_core::{
 
 use crate::compaction::{self, CompactConfig};
 use crate::kthread::Kthread;
-use crate::{arena, platform, ClearStrategy, Error, Mm, MmInner, StdPlatform};
+use crate::{arena, numa, platform, ClearStrategy, Error, Mm, MmInner, StdPlatform, Topology};
 
 /// The named policy sets the lab compares.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -113,6 +114,7 @@ pub struct MmBuilder {
     clear: ClearStrategy,
     fault_around: usize,
     compact: CompactConfig,
+    topology: Option<Topology>,
 }
 
 /// A quarter of RAM, capped at 4 GiB.
@@ -144,7 +146,18 @@ impl MmBuilder {
             clear: ClearStrategy::Auto,
             fault_around: Variant::Mmkit.fault_around(),
             compact: CompactConfig::default(),
+            topology: None,
         }
+    }
+
+    /// The NUMA topology (default [`Topology::host`]: the host's nodes, one on
+    /// most machines). The arena is split over its nodes in equal shares of
+    /// 4 MiB blocks, each node a zone with its own watermarks, lists and
+    /// counters; on a real multi-node host each part is bound to its node with
+    /// `mbind` (a refusal is reported by [`Mm::numa_note`], not an error).
+    pub fn topology(mut self, t: Topology) -> Self {
+        self.topology = Some(t);
+        self
     }
 
     /// Arena size in bytes (rounded down to 4 KiB; at least 2 MiB).
@@ -245,8 +258,24 @@ impl MmBuilder {
         }
         let arena = arena::Arena::new(len, self.hugetlb, self.prefault)
             .map_err(|e| Error::Arena(format!("mmap of {len} bytes failed: {e}")))?;
-        let alloc = PageAlloc::<StdPlatform>::new(self.cfg.clone(), (len / PAGE_SIZE) as u64)
-            .map_err(|e| Error::Config(e.to_string()))?;
+        let topology = self.topology.clone().unwrap_or_else(Topology::host);
+        let nr_pages = (len / PAGE_SIZE) as u64;
+        let mut numa_note = None;
+        let alloc = if topology.nr_nodes() == 1 {
+            PageAlloc::<StdPlatform>::new(self.cfg.clone(), nr_pages)
+        } else {
+            let parts = numa::node_pages(&topology, nr_pages)?;
+            if !topology.is_emulated() {
+                numa_note = bind_parts(&arena, &parts);
+            }
+            PageAlloc::<StdPlatform>::with_nodes(
+                self.cfg.clone(),
+                &parts,
+                topology.zonelists().clone(),
+            )
+        }
+        .map_err(|e| Error::Config(e.to_string()))?;
+        let node_access = numa::AccessCounters::new(topology.nr_nodes(), self.cfg.nr_cpus);
         let inner = Arc::new(MmInner {
             alloc,
             arena,
@@ -258,6 +287,10 @@ impl MmBuilder {
             compacting: AtomicUsize::new(0),
             spaces: Default::default(),
             page_locks: Default::default(),
+            topology,
+            id: NEXT_MM_ID.fetch_add(1, Ordering::Relaxed),
+            node_access,
+            numa_note,
         });
         if self.cfg.pcp == PcpPolicy::On && self.cfg.pcp_high == PcpHighPolicy::Auto {
             start_vmstat_worker(&inner);
@@ -267,6 +300,27 @@ impl MmBuilder {
         }
         Ok(Mm { inner })
     }
+}
+
+/// Ids of Mms (the thread-to-node bindings are keyed by them).
+static NEXT_MM_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Binds each node's part of the arena to its node; the note of the first
+/// refusal (the parts stay unbound, which is correct, only slower).
+fn bind_parts(arena: &arena::Arena, parts: &[u64]) -> Option<String> {
+    let mut off = 0usize;
+    for (node, &pages) in parts.iter().enumerate() {
+        let len = pages as usize * PAGE_SIZE;
+        // SAFETY: `off + len <= arena.len()`: the parts sum to the arena's pages.
+        let addr = unsafe { arena.base().add(off) };
+        if let Err(e) = numa::mbind_range(addr, len, node) {
+            let msg = format!("mbind of node {node}'s part refused ({e}); the arena is not bound to its nodes");
+            eprintln!("mmkit: {msg}");
+            return Some(msg);
+        }
+        off += len;
+    }
+    None
 }
 
 /// The per-second worker (Linux's vmstat_update): decays per-CPU `high`.

@@ -103,6 +103,26 @@ pub enum Error {
         /// Why.
         reason: &'static str,
     },
+    /// A node that this Mm does not have.
+    #[error("node {node} does not exist: this Mm has nodes 0..{nr_nodes}")]
+    BadNode {
+        /// The node asked for.
+        node: usize,
+        /// The number of nodes.
+        nr_nodes: usize,
+    },
+    /// A memory policy refused (a node that does not exist, an empty mask, ...).
+    #[error("memory policy refused: {0}")]
+    Policy(#[from] crate::mempolicy::MempolicyError),
+    /// `mbind` with `STRICT`: pages of the range are not on the policy's nodes
+    /// and were not moved (pinned, huge, or `MOVE` not given).
+    #[error("mbind: {count} page(s) of the range are not on the policy's nodes and could not be moved (first at {first:#x}); unpin them or drop MbindFlags::STRICT")]
+    Misplaced {
+        /// How many pages.
+        count: u64,
+        /// The address of the first.
+        first: u64,
+    },
 }
 
 /// The `Error` of a refused `free_pages(pfn, order)`.

@@ -32,6 +32,7 @@ mod error;
 mod kthread;
 mod mempolicy;
 mod migrate;
+mod numa;
 mod numa_balancing;
 // The swap layer (issue 13): devices, map, cache and I/O; Mm::swapon and
 // reclaim are wired on top in a later step, so parts are still unused.
@@ -64,6 +65,9 @@ pub use mempolicy::{MbindFlags, MemPolicy, MempolicyError, Placement};
 pub use mmkit_core;
 pub use mmkit_core::clear::ClearStrategy;
 pub use mmkit_core::node::{Distances, NodeMask};
+pub use mmkit_core::{NodeReq, NumaStats};
+pub use numa::NodeAccesses;
+pub use space::MbindReport;
 pub use mmkit_core::{
     CompactPriority, CompactResult, CompactStats, Config, Gfp, LockStats, MergePolicy, MigrateType,
     PcpHighPolicy, PcpPolicy, Pfn, RefillPolicy, VmEvent, VmEvents, ZoneInfo, MAX_ORDER,
@@ -108,6 +112,14 @@ struct MmInner {
     spaces: registry::SpaceRegistry,
     /// The page locks, by pfn (`rmap.rs`).
     page_locks: rmap::PageLocks,
+    /// The nodes, their CPUs and distances (`numa.rs`).
+    topology: Topology,
+    /// This Mm's id among all Mms of the process (thread-to-node bindings).
+    id: u64,
+    /// Local and remote accesses per node (`numa.rs`).
+    node_access: numa::AccessCounters,
+    /// Why the arena's parts could not be bound to their nodes, if they could not.
+    numa_note: Option<String>,
 }
 
 /// A memory manager over one arena. Cheap to clone; clones share the allocator.
@@ -125,10 +137,19 @@ impl Mm {
     /// Allocates 2^order contiguous pages.
     #[inline]
     pub fn alloc_pages(&self, gfp: Gfp, order: u32) -> Result<Pfn, Error> {
-        let r = self
-            .inner
-            .alloc
-            .alloc_pages(gfp, order, &AllocHooks::new(self));
+        let r = if self.nr_nodes() == 1 {
+            self.inner
+                .alloc
+                .alloc_pages(gfp, order, &AllocHooks::new(self))
+        } else {
+            let here = self.thread_node();
+            self.inner.alloc.alloc_pages_nodemask(
+                gfp,
+                order,
+                NodeReq::node(here, here),
+                &AllocHooks::new(self),
+            )
+        };
         self.finish_alloc(r, gfp, order)
     }
 
@@ -137,10 +158,31 @@ impl Mm {
     /// `get_page` and `put_page` refuse it ([`Error::OwnedBySpace`]).
     #[inline]
     pub(crate) fn alloc_owned_pages(&self, gfp: Gfp, order: u32) -> Result<Pfn, Error> {
+        if self.nr_nodes() > 1 {
+            let here = self.thread_node();
+            return self.alloc_owned_pages_req(gfp, order, NodeReq::node(here, here));
+        }
         let r = self
             .inner
             .alloc
             .alloc_owned_pages(gfp, order, &AllocHooks::new(self));
+        self.finish_alloc(r, gfp, order)
+    }
+
+    /// `alloc_owned_pages` on nodes (a memory policy's placement).
+    #[inline]
+    pub(crate) fn alloc_owned_pages_req(
+        &self,
+        gfp: Gfp,
+        order: u32,
+        req: NodeReq,
+    ) -> Result<Pfn, Error> {
+        let r = self.inner.alloc.alloc_owned_pages_nodemask(
+            gfp,
+            order,
+            req,
+            &AllocHooks::new(self),
+        );
         self.finish_alloc(r, gfp, order)
     }
 
@@ -162,6 +204,10 @@ impl Mm {
             }
             Err(AllocError::InvalidOrder) => Err(Error::InvalidOrder { order }),
             Err(AllocError::NoMemory) => Err(Error::NoMemory { order }),
+            Err(AllocError::BadNode) => Err(Error::BadNode {
+                node: usize::MAX,
+                nr_nodes: self.nr_nodes(),
+            }),
         }
     }
 
@@ -169,7 +215,17 @@ impl Mm {
     /// `PageAlloc::alloc_pages_bulk`); returns how many were written.
     #[inline]
     pub(crate) fn alloc_owned_pages_bulk(&self, gfp: Gfp, out: &mut [Pfn]) -> usize {
+        if self.nr_nodes() > 1 {
+            let here = self.thread_node();
+            return self.alloc_owned_pages_bulk_req(gfp, NodeReq::node(here, here), out);
+        }
         self.inner.alloc.alloc_owned_pages_bulk(gfp, out)
+    }
+
+    /// `alloc_owned_pages_bulk` on nodes (a memory policy's placement).
+    #[inline]
+    pub(crate) fn alloc_owned_pages_bulk_req(&self, gfp: Gfp, req: NodeReq, out: &mut [Pfn]) -> usize {
+        self.inner.alloc.alloc_owned_pages_bulk_nodemask(gfp, req, out)
     }
 
     /// Frees a block; bad input is refused with an error and changes nothing.

@@ -10,7 +10,7 @@ impl Mm {
     pub fn buddyinfo(&self) -> String {
         let mut s = String::new();
         for z in self.zone_info() {
-            let _ = write!(s, "Node 0, zone {:>8}", z.name);
+            let _ = write!(s, "Node {}, zone {:>8}", z.node, z.name);
             for o in 0..NR_ORDERS {
                 let _ = write!(s, " {:>6}", z.free_blocks[o].iter().sum::<u64>());
             }
@@ -35,7 +35,8 @@ impl Mm {
             for mt in 0..MIGRATE_TYPES {
                 let _ = write!(
                     s,
-                    "Node    0, zone {:>8}, type {:>12}",
+                    "Node {:>4}, zone {:>8}, type {:>12}",
+                    z.node,
                     z.name,
                     MigrateType::from_index(mt).name()
                 );
@@ -51,7 +52,7 @@ impl Mm {
         }
         s.push('\n');
         for z in &zones {
-            let _ = write!(s, "Node 0, zone {:>8}   ", z.name);
+            let _ = write!(s, "Node {}, zone {:>8}   ", z.node, z.name);
             for mt in 0..MIGRATE_TYPES {
                 let _ = write!(s, " {:>12}", z.pageblocks[mt]);
             }
@@ -104,7 +105,10 @@ impl Mm {
         let _ = writeln!(s, "compact_defer_shift {}", cs.defer_shift);
         let _ = writeln!(s, "fragmentation_score {}", self.fragmentation_score());
         for z in &zones {
-            let n = z.name.to_ascii_lowercase();
+            let mut n = z.name.to_ascii_lowercase();
+            if zones.len() > 1 {
+                n = format!("node{}_{n}", z.node);
+            }
             let _ = writeln!(s, "zone_{n}_wmark_min {}", z.wmark[0]);
             let _ = writeln!(s, "zone_{n}_wmark_low {}", z.wmark[1]);
             let _ = writeln!(s, "zone_{n}_wmark_high {}", z.wmark[2]);

@@ -63,7 +63,9 @@ impl SpaceInner {
     ) -> bool {
         let (addr, len) = (vmf.addr, vmf.len);
         let mm = &self.mm;
-        let Ok(pfn) = mm.alloc_owned_pages(Gfp::MOVABLE | Gfp::NOWARN, HPAGE_PMD_ORDER) else {
+        let gfp = Gfp::MOVABLE | Gfp::NOWARN;
+        let head = addr & !(PMD_SIZE - 1);
+        let Ok(pfn) = self.alloc_fault_pages(vmf.vma, head, gfp, HPAGE_PMD_ORDER) else {
             return false;
         };
         // The table a later split will need, taken now (without it, no huge page).

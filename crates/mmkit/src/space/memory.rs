@@ -226,11 +226,12 @@ impl SpaceInner {
             }
         }
         let mut pfns = [Pfn::new(0); MAX_AROUND];
-        let mut n = mm.alloc_owned_pages_bulk(Gfp::MOVABLE, &mut pfns[..want]);
+        // On the nodes the memory policy picks for each address (`policy.rs`).
+        let mut n = self.alloc_fault_pages_bulk(vma, va, &mut pfns[..want]);
         if n == 0 {
             // The lists and the zone's fast path are empty: the faulting page
             // through the slow path (reclaim, compaction, the error).
-            pfns[0] = mm.alloc_owned_pages(Gfp::MOVABLE, 0)?;
+            pfns[0] = self.alloc_fault_pages(vma, va, Gfp::MOVABLE, 0)?;
             n = 1;
         }
         let off = (addr % PAGE) as usize;

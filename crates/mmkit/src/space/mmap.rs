@@ -90,6 +90,12 @@ pub(super) struct Vma {
     pub(super) start: u64,
     pub(super) end: u64,
     pub(super) flags: MapFlags,
+    /// The range's memory policy: an index into the space's policy table
+    /// (`policy.rs`); 0 = none, the space's policy applies.
+    pub(super) pol: u32,
+    /// The address page offsets of the policy count from (interleave): the
+    /// mapping's start, or the start of the `mbind` range. Kept by splits.
+    pub(super) pgoff: u64,
 }
 
 /// The VMAs of a space, by start address, and where the next search for room
@@ -159,6 +165,16 @@ impl VmaTree {
     pub(super) fn get_unmapped_area(&self, len: u64, align: u64) -> Option<u64> {
         self.find_gap(self.hint, len, align)
             .or_else(|| self.find_gap(MMAP_BASE, len, align))
+    }
+
+    /// Splits the VMA containing `addr` into `[start, addr)` and `[addr, end)`
+    /// (Linux's `split_vma`); nothing when `addr` starts a VMA or is unmapped.
+    pub(super) fn split_at(&mut self, addr: u64) {
+        let Some(v) = self.find(addr).copied().filter(|v| v.start < addr) else {
+            return;
+        };
+        self.map.insert(v.start, Vma { end: addr, ..v });
+        self.map.insert(addr, Vma { start: addr, ..v });
     }
 
     /// Removes `[start, end)` from the VMAs, splitting those that straddle an end.
@@ -239,6 +255,8 @@ impl Space {
                 start: addr,
                 end: addr + len_r,
                 flags,
+                pol: 0,
+                pgoff: addr,
             },
         );
         g.hint = addr + len_r;

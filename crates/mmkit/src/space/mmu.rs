@@ -287,7 +287,11 @@ impl SpaceInner {
                             )
                             .is_ok()
                     {
-                        return Ok(Self::translation(e2, level, addr));
+                        let t = Self::translation(e2, level, addr);
+                        if self.mm.nr_nodes() > 1 {
+                            self.count_access(t.pfn);
+                        }
+                        return Ok(t);
                     }
                     continue;
                 }

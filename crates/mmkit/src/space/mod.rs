@@ -51,6 +51,7 @@ mod mmap;
 mod mmu;
 mod mprotect;
 mod pagewalk;
+mod policy;
 #[cfg(test)]
 pub(crate) mod tests;
 mod zap;
@@ -69,6 +70,7 @@ use crate::{Error, Mm, Pfn, StdPlatform, PAGE_SIZE};
 pub use mmap::MapFlags;
 pub(crate) use mmap::VmaTree;
 pub use mmu::PinnedPage;
+pub use policy::MbindReport;
 use pagewalk::next_gen;
 use zap::{MmuGather, FREE_UPPER};
 
@@ -104,6 +106,11 @@ pub struct SpaceStats {
     pub pgtable_pages: u64,
     /// Mappings.
     pub vmas: u64,
+    /// Accesses of pages on the accessing thread's node (counted with more
+    /// than one node only).
+    pub local_accesses: u64,
+    /// Accesses of pages on another node than the accessing thread's.
+    pub remote_accesses: u64,
 }
 
 #[derive(Copy, Clone)]
@@ -114,8 +121,10 @@ enum Stat {
     Rss,
     HugePages,
     PgTables,
+    LocalAccesses,
+    RemoteAccesses,
 }
-const NR_STATS: usize = 6;
+const NR_STATS: usize = 8;
 
 /// Per-CPU counters, folded on read (signed deltas kept as wrapping u64).
 struct Counters {
@@ -180,6 +189,8 @@ pub(crate) struct SpaceInner {
     stats: Counters,
     /// Number of VMAs (written under the exclusive VMA lock).
     nr_vmas: AtomicU64,
+    /// The memory policies of the space and its ranges (`policy.rs`).
+    policies: policy::Policies,
 }
 
 impl Mm {
@@ -200,6 +211,7 @@ impl Mm {
             vmas: ShardedLock::new(VmaTree::new(MMAP_BASE, next_gen())),
             stats: Counters::new(self.config().nr_cpus),
             nr_vmas: AtomicU64::new(0),
+            policies: policy::Policies::default(),
         });
         inner.stats.add(Stat::PgTables, 1);
         self.spaces().publish(id, &inner);
@@ -248,6 +260,8 @@ impl Space {
             huge_pages: s.get(Stat::HugePages),
             pgtable_pages: s.get(Stat::PgTables),
             vmas,
+            local_accesses: s.get(Stat::LocalAccesses),
+            remote_accesses: s.get(Stat::RemoteAccesses),
         }
     }
 }

@@ -60,7 +60,7 @@ thread_local! {
     static WALK_CACHE: Cell<WalkCache> = const {
         Cell::new(WalkCache {
             vma_gen: 0,
-            vma: Vma { start: 0, end: 0, flags: MapFlags::empty() },
+            vma: Vma { start: 0, end: 0, flags: MapFlags::empty(), pol: 0, pgoff: 0 },
             pt_gen: 0,
             // Not 2 MiB aligned: never matches.
             pt_base: u64::MAX,
