@@ -446,6 +446,9 @@ impl<P: Platform> PageAlloc<P> {
         }
         if order == 0 && ac.mt < MIGRATE_PCPTYPES {
             if let Some(c) = &self.caches {
+                // The first zone above its mark serves the request: on a cache
+                // miss its per-CPU list and buddy lists are next, before any
+                // farther zone (`get_page_from_freelist`).
                 for &z in self.zonelist(ac) {
                     if !node_allowed(ac, z) || !self.zones[z].watermark_ok(0, ALLOC_WMARK_LOW) {
                         continue;
@@ -454,6 +457,7 @@ impl<P: Platform> PageAlloc<P> {
                         self.zone_statistics(ac, z, 1);
                         return Ok(self.prep_new_page(idx, 0, ac.mt, pg));
                     }
+                    break;
                 }
             }
         }
@@ -492,31 +496,29 @@ impl<P: Platform> PageAlloc<P> {
     fn alloc_pages_bulk_ac(&self, ac: &AllocContext, out: &mut [Pfn], pg: u32) -> usize {
         let mut n = 0;
         if !self.pcp.is_empty() && ac.mt < MIGRATE_PCPTYPES {
-            // The cache first: it holds the pages that come next off the list.
-            if let Some(c) = &self.caches {
-                let mut buf = [0u32; PCP_CACHE_SLOTS];
-                for &z in self.zonelist(ac) {
-                    let want = (out.len() - n).min(PCP_CACHE_SLOTS);
-                    if want == 0 {
-                        break;
-                    }
-                    if !node_allowed(ac, z) || !self.zones[z].watermark_ok(0, ALLOC_WMARK_LOW) {
-                        continue;
-                    }
-                    let got = c.pop_many::<P>(z, ac.mt, &mut buf[..want]);
-                    for (o, &idx) in out[n..n + got].iter_mut().zip(&buf[..got]) {
-                        *o = Pfn::new(idx as u64);
-                    }
-                    n += got;
-                    self.zone_statistics(ac, z, got as u64);
-                }
-            }
+            // Zone by zone along the zonelist: the cache first (it holds the
+            // pages that come next off the list), then the per-CPU list.
             for &z in self.zonelist(ac) {
                 if n == out.len() {
                     break;
                 }
                 if !node_allowed(ac, z) {
                     continue;
+                }
+                if let Some(c) = &self.caches {
+                    if self.zones[z].watermark_ok(0, ALLOC_WMARK_LOW) {
+                        let mut buf = [0u32; PCP_CACHE_SLOTS];
+                        let want = (out.len() - n).min(PCP_CACHE_SLOTS);
+                        let got = c.pop_many::<P>(z, ac.mt, &mut buf[..want]);
+                        for (o, &idx) in out[n..n + got].iter_mut().zip(&buf[..got]) {
+                            *o = Pfn::new(idx as u64);
+                        }
+                        n += got;
+                        self.zone_statistics(ac, z, got as u64);
+                        if n == out.len() {
+                            break;
+                        }
+                    }
                 }
                 let Some(mut g) = self.pcp_trylock(z) else {
                     continue;
