@@ -177,6 +177,9 @@ pub struct AllocContext {
     pub(crate) slow_flags: u32,
     /// The preferred node: its zonelist is walked (Linux's `preferred_zoneref`).
     pub(crate) nid: usize,
+    /// The first node of that zonelist inside the nodemask: `numa_hit` is
+    /// counted against it (Linux's `preferred_zoneref`).
+    pub(crate) hit_nid: usize,
     /// The node of the allocating CPU or thread (`numa_local` / `numa_other`).
     pub(crate) local: usize,
     /// The nodes allowed, as `NodeMask` bits (all ones: no nodemask).
@@ -202,6 +205,7 @@ impl AllocContext {
             mt: gfp.migratetype() as usize,
             slow_flags,
             nid: 0,
+            hit_nid: 0,
             local: 0,
             nodemask: !0,
             interleave: false,

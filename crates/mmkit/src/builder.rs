@@ -314,7 +314,9 @@ fn bind_parts(arena: &arena::Arena, parts: &[u64]) -> Option<String> {
         // SAFETY: `off + len <= arena.len()`: the parts sum to the arena's pages.
         let addr = unsafe { arena.base().add(off) };
         if let Err(e) = numa::mbind_range(addr, len, node) {
-            let msg = format!("mbind of node {node}'s part refused ({e}); the arena is not bound to its nodes");
+            let msg = format!(
+                "mbind of node {node}'s part refused ({e}); the arena is not bound to its nodes"
+            );
             eprintln!("mmkit: {msg}");
             return Some(msg);
         }

@@ -65,14 +65,13 @@ pub use mempolicy::{MbindFlags, MemPolicy, MempolicyError, Placement};
 pub use mmkit_core;
 pub use mmkit_core::clear::ClearStrategy;
 pub use mmkit_core::node::{Distances, NodeMask};
-pub use mmkit_core::{NodeReq, NumaStats};
-pub use numa::NodeAccesses;
-pub use space::MbindReport;
 pub use mmkit_core::{
     CompactPriority, CompactResult, CompactStats, Config, Gfp, LockStats, MergePolicy, MigrateType,
     PcpHighPolicy, PcpPolicy, Pfn, RefillPolicy, VmEvent, VmEvents, ZoneInfo, MAX_ORDER,
     PAGEBLOCK_ORDER, PAGE_SIZE,
 };
+pub use mmkit_core::{NodeReq, NumaStats};
+pub use numa::NodeAccesses;
 pub use numa_balancing::{
     should_numa_migrate_memory, Cpupid, GroupFaults, MigrateFail, MigrateQuery, ScanDecision,
     ScanParams, ScanPeriod, ScanPolicy, ScanWindow,
@@ -81,6 +80,7 @@ pub use page_io::SwapBackend;
 pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
 pub use platform::StdPlatform;
 pub use rseq::rseq_aborts;
+pub use space::MbindReport;
 pub use space::{
     MapFlags, PinnedPage, Space, SpaceStats, Translation, MMAP_BASE, SPARSE_TOUCH_BYTES,
 };
@@ -177,12 +177,10 @@ impl Mm {
         order: u32,
         req: NodeReq,
     ) -> Result<Pfn, Error> {
-        let r = self.inner.alloc.alloc_owned_pages_nodemask(
-            gfp,
-            order,
-            req,
-            &AllocHooks::new(self),
-        );
+        let r =
+            self.inner
+                .alloc
+                .alloc_owned_pages_nodemask(gfp, order, req, &AllocHooks::new(self));
         self.finish_alloc(r, gfp, order)
     }
 
@@ -224,8 +222,15 @@ impl Mm {
 
     /// `alloc_owned_pages_bulk` on nodes (a memory policy's placement).
     #[inline]
-    pub(crate) fn alloc_owned_pages_bulk_req(&self, gfp: Gfp, req: NodeReq, out: &mut [Pfn]) -> usize {
-        self.inner.alloc.alloc_owned_pages_bulk_nodemask(gfp, req, out)
+    pub(crate) fn alloc_owned_pages_bulk_req(
+        &self,
+        gfp: Gfp,
+        req: NodeReq,
+        out: &mut [Pfn],
+    ) -> usize {
+        self.inner
+            .alloc
+            .alloc_owned_pages_bulk_nodemask(gfp, req, out)
     }
 
     /// Frees a block; bad input is refused with an error and changes nothing.

@@ -16,8 +16,7 @@
 //! Every test ends with `check()`.
 
 use mmkit::{
-    Distances, Error, Gfp, MapFlags, MbindFlags, MemPolicy, Mm, NodeMask, Pfn, Topology,
-    PMD_SIZE,
+    Distances, Error, Gfp, MapFlags, MbindFlags, MemPolicy, Mm, NodeMask, Pfn, Topology, PMD_SIZE,
 };
 
 const MIB: usize = 1 << 20;
@@ -120,7 +119,11 @@ fn node_exhaustion_falls_back_along_the_zonelist_and_thisnode_does_not() {
     mm.reset_stats();
     let want0 = node_allowance(&mm, 0);
     let own = exhaust_node(&mm, 0, Gfp::KERNEL | Gfp::THISNODE);
-    assert_eq!(own.len() as u64, want0, "THISNODE takes exactly node 0's pages above min");
+    assert_eq!(
+        own.len() as u64,
+        want0,
+        "THISNODE takes exactly node 0's pages above min"
+    );
     assert!(own.iter().all(|&p| mm.node_of(p) == 0));
     // Without THISNODE: node 1 next, then node 2.
     let want1 = node_allowance(&mm, 1);
@@ -182,7 +185,9 @@ fn numa_counters_add_up() {
     // Interleaved faults: every data page is an interleave hit on its node.
     let space = mm.new_space().unwrap();
     let addr = space.mmap(64 * PAGE as usize, MapFlags::empty()).unwrap();
-    space.set_mempolicy(MemPolicy::Interleave(mask(&[0, 1]))).unwrap();
+    space
+        .set_mempolicy(MemPolicy::Interleave(mask(&[0, 1])))
+        .unwrap();
     mm.reset_stats();
     space.populate(addr, 64 * PAGE as usize, true).unwrap();
     let (s0, s1) = (mm.numa_stats(0), mm.numa_stats(1));
@@ -222,7 +227,10 @@ fn bind_places_exactly_on_the_mask_nearest_first() {
     s2.set_mempolicy(MemPolicy::Bind(mask(&[1, 3]))).unwrap();
     s2.populate(a2, 20 * PAGE as usize, false).unwrap();
     assert!(nodes_of(&s2, a2, 20).iter().all(|&n| n == 3));
-    assert_eq!(s2.get_mempolicy(a2).unwrap(), MemPolicy::Bind(mask(&[1, 3])));
+    assert_eq!(
+        s2.get_mempolicy(a2).unwrap(),
+        MemPolicy::Bind(mask(&[1, 3]))
+    );
     drop((space, s2));
     check(&mm);
 }
@@ -257,7 +265,12 @@ fn interleave_is_exact_round_robin_by_offset_in_the_range() {
     let start = addr + 5 * PAGE;
     let m = mask(&[0, 1, 3]);
     space
-        .mbind(start, 90 * PAGE as usize, MemPolicy::Interleave(m), MbindFlags::empty())
+        .mbind(
+            start,
+            90 * PAGE as usize,
+            MemPolicy::Interleave(m),
+            MbindFlags::empty(),
+        )
         .unwrap();
     assert_eq!(space.mappings().len(), 3, "split at both ends of the range");
     space.populate(addr, 128 * PAGE as usize, true).unwrap();
@@ -266,8 +279,13 @@ fn interleave_is_exact_round_robin_by_offset_in_the_range() {
     assert_eq!(got, want);
     // Outside the range: the space's default policy, the thread's node.
     assert!(nodes_of(&space, addr, 5).iter().all(|&n| n == 0));
-    assert!(nodes_of(&space, start + 90 * PAGE, 33).iter().all(|&n| n == 0));
-    assert_eq!(space.get_mempolicy(start + 7 * PAGE).unwrap(), MemPolicy::Interleave(m));
+    assert!(nodes_of(&space, start + 90 * PAGE, 33)
+        .iter()
+        .all(|&n| n == 0));
+    assert_eq!(
+        space.get_mempolicy(start + 7 * PAGE).unwrap(),
+        MemPolicy::Interleave(m)
+    );
     assert_eq!(space.get_mempolicy(addr).unwrap(), MemPolicy::Default);
     drop(space);
     check(&mm);
@@ -278,7 +296,9 @@ fn weighted_interleave_is_exact() {
     let mm = mm_n(4, 32 * MIB);
     let (space, addr) = space_with(&mm, 64);
     let w = vec![(2, 1), (0, 3)];
-    space.set_mempolicy(MemPolicy::WeightedInterleave(w)).unwrap();
+    space
+        .set_mempolicy(MemPolicy::WeightedInterleave(w))
+        .unwrap();
     space.populate(addr, 64 * PAGE as usize, true).unwrap();
     let want: Vec<usize> = (0..64).map(|i| if i % 4 < 3 { 0 } else { 2 }).collect();
     assert_eq!(nodes_of(&space, addr, 64), want);
@@ -310,7 +330,12 @@ fn preferred_many_local_and_huge_placement() {
     let mm = mm_n(4, 48 * MIB);
     mm.set_thread_node(0).unwrap();
     let m = mask(&[1, 2]);
-    let first = mm.topology().zonelists().fallback_order_in(0, m).next().unwrap();
+    let first = mm
+        .topology()
+        .zonelists()
+        .fallback_order_in(0, m)
+        .next()
+        .unwrap();
     let (space, addr) = space_with(&mm, 32);
     space.set_mempolicy(MemPolicy::PreferredMany(m)).unwrap();
     space.populate(addr, 32 * PAGE as usize, true).unwrap();
@@ -324,7 +349,8 @@ fn preferred_many_local_and_huge_placement() {
     // Huge pages interleave by huge-page index.
     let s3 = mm.new_space().unwrap();
     let h = s3.mmap(2 * PMD_SIZE as usize, MapFlags::HUGE).unwrap();
-    s3.set_mempolicy(MemPolicy::Interleave(mask(&[1, 2]))).unwrap();
+    s3.set_mempolicy(MemPolicy::Interleave(mask(&[1, 2])))
+        .unwrap();
     s3.populate(h, 2 * PMD_SIZE as usize, true).unwrap();
     for (i, want) in [1usize, 2].into_iter().enumerate() {
         let t = s3.translate(h + i as u64 * PMD_SIZE).unwrap();
@@ -341,7 +367,9 @@ fn mbind_move_moves_every_page_with_its_content_and_pinned_pages_stay() {
     mm.set_thread_node(0).unwrap();
     let (space, addr) = space_with(&mm, 32);
     for i in 0..32u64 {
-        space.write(addr + i * PAGE + 8, &(i * 7 + 1).to_le_bytes()).unwrap();
+        space
+            .write(addr + i * PAGE + 8, &(i * 7 + 1).to_le_bytes())
+            .unwrap();
     }
     assert!(nodes_of(&space, addr, 32).iter().all(|&n| n == 0));
     let pinned_at = addr + 5 * PAGE;
@@ -351,7 +379,12 @@ fn mbind_move_moves_every_page_with_its_content_and_pinned_pages_stay() {
         mm.nr_free_pages()
     };
     let r = space
-        .mbind(addr, 32 * PAGE as usize, MemPolicy::Bind(mask(&[1])), MbindFlags::MOVE)
+        .mbind(
+            addr,
+            32 * PAGE as usize,
+            MemPolicy::Bind(mask(&[1])),
+            MbindFlags::MOVE,
+        )
         .unwrap();
     assert_eq!(r.moved, 31);
     assert_eq!(r.not_moved, vec![pinned_at]);
@@ -363,11 +396,20 @@ fn mbind_move_moves_every_page_with_its_content_and_pinned_pages_stay() {
         assert_eq!(u64::from_le_bytes(b), i * 7 + 1, "content of page {i}");
     }
     mm.drain_all_pages();
-    assert_eq!(mm.nr_free_pages(), free_before, "each move freed its old page");
+    assert_eq!(
+        mm.nr_free_pages(),
+        free_before,
+        "each move freed its old page"
+    );
     drop(pin);
     // Unpinned now: a second MOVE takes it.
     let r = space
-        .mbind(addr, 32 * PAGE as usize, MemPolicy::Bind(mask(&[1])), MbindFlags::MOVE)
+        .mbind(
+            addr,
+            32 * PAGE as usize,
+            MemPolicy::Bind(mask(&[1])),
+            MbindFlags::MOVE,
+        )
         .unwrap();
     assert_eq!((r.moved, r.not_moved.len()), (1, 0));
     assert_eq!(space.node_of(pinned_at), Some(1));
@@ -393,7 +435,10 @@ fn mbind_strict_refuses_misplaced_pages_and_changes_nothing() {
         other => panic!("strict mbind over misplaced pages: {other:?}"),
     }
     assert_eq!(space.mappings(), maps);
-    assert_eq!(space.get_mempolicy(addr + PAGE).unwrap(), MemPolicy::Default);
+    assert_eq!(
+        space.get_mempolicy(addr + PAGE).unwrap(),
+        MemPolicy::Default
+    );
     assert!(nodes_of(&space, addr, 16).iter().all(|&n| n == 0));
     drop(space);
     check(&mm);

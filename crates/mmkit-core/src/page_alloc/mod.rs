@@ -35,11 +35,11 @@ use core::sync::atomic::{AtomicU8, Ordering};
 
 use crate::compaction::{CompactPriority, CompactResult};
 use crate::config::{Config, PcpHighPolicy, PcpPolicy};
-use crate::node::{Distances, NodeMask, NodeStates, Zonelists, MAX_NUMNODES};
 use crate::gfp::{
     AllocContext, Gfp, MigrateType, ALLOC_HARDER, ALLOC_WMARK_LOW, ALLOC_WMARK_MASK,
     MIGRATE_PCPTYPES, MIGRATE_TYPES,
 };
+use crate::node::{Distances, NodeMask, NodeStates, Zonelists, MAX_NUMNODES};
 use crate::page::{
     mk_flags, Page, PageState, Pfn, MAX_ORDER, NR_ORDERS, PAGEBLOCK_NR_PAGES, PAGEBLOCK_ORDER,
     PG_OWNED,
@@ -302,7 +302,9 @@ impl<P: Platform> PageAlloc<P> {
         let caches = (!pcp.is_empty() && cfg.pcp_cache && P::cache_ops_available())
             .then(|| PcpCacheTable::new(zones.len(), ncpu));
         let numa: Box<[NumaCounters]> = if nr_nodes > 1 {
-            (0..ncpu * nr_nodes).map(|_| NumaCounters::default()).collect()
+            (0..ncpu * nr_nodes)
+                .map(|_| NumaCounters::default())
+                .collect()
         } else {
             Box::default()
         };

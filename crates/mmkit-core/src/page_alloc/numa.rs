@@ -13,7 +13,8 @@
 //!
 //! Counters (Linux's semantics, counted where a request was satisfied, one per
 //! allocation or per page of a bulk allocation): on the node that supplied the
-//! page, `numa_hit` when it is the preferred node, else `numa_miss` (and
+//! page, `numa_hit` when it is the preferred node (the first node of the
+//! preferred node's zonelist inside the nodemask), else `numa_miss` (and
 //! `numa_foreign` on the preferred node); `numa_interleave` when an interleaving
 //! request got its node; `numa_local` when the node is the requester's own, else
 //! `numa_other`. They are per-CPU atomics folded on read. With one node nothing
@@ -144,14 +145,14 @@ impl<P: Platform> PageAlloc<P> {
         let nn = self.zones.len();
         let base = self.cpu() * nn;
         let row = |node: usize| &self.numa[base + node];
-        if z == ac.nid {
+        if z == ac.hit_nid {
             row(z).add(NumaStat::Hit, n);
             if ac.interleave {
                 row(z).add(NumaStat::Interleave, n);
             }
         } else {
             row(z).add(NumaStat::Miss, n);
-            row(ac.nid).add(NumaStat::Foreign, n);
+            row(ac.hit_nid).add(NumaStat::Foreign, n);
         }
         if z == ac.local {
             row(z).add(NumaStat::Local, n);
@@ -227,7 +228,16 @@ impl<P: Platform> PageAlloc<P> {
         }
         let mut ac = AllocContext::new(gfp);
         ac.nid = req.preferred;
-        ac.local = if req.local < nn { req.local } else { req.preferred };
+        ac.hit_nid = self
+            .zonelists
+            .fallback_order_in(req.preferred, NodeMask::from_bits(mask & all))
+            .next()
+            .unwrap_or(req.preferred);
+        ac.local = if req.local < nn {
+            req.local
+        } else {
+            req.preferred
+        };
         ac.nodemask = mask;
         ac.interleave = req.interleave;
         Ok(ac)
@@ -266,7 +276,12 @@ impl<P: Platform> PageAlloc<P> {
     /// `alloc_owned_pages_bulk` on nodes (fast path only, see
     /// `alloc_pages_bulk`); 0 for a bad request.
     #[inline]
-    pub fn alloc_owned_pages_bulk_nodemask(&self, gfp: Gfp, req: NodeReq, out: &mut [Pfn]) -> usize {
+    pub fn alloc_owned_pages_bulk_nodemask(
+        &self,
+        gfp: Gfp,
+        req: NodeReq,
+        out: &mut [Pfn],
+    ) -> usize {
         match self.node_context(gfp, &req) {
             Ok(ac) => self.alloc_pages_bulk_ac(&ac, out, PG_OWNED),
             Err(_) => 0,

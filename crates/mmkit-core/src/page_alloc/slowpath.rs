@@ -13,7 +13,8 @@
 //!
 //! Locking: none of its own; the hooks run with no allocator lock held.
 
-use super::{AllocError, PageAlloc, SlowPathHooks, PAGE_ALLOC_COSTLY_ORDER};
+use super::numa::node_allowed;
+use super::{AllocError, Claim, PageAlloc, SlowPathHooks, PAGE_ALLOC_COSTLY_ORDER};
 use crate::compaction::{should_compact_retry, CompactPriority, CompactResult};
 use crate::gfp::{AllocContext, MigrateType};
 use crate::page::Pfn;
@@ -80,8 +81,15 @@ impl<P: Platform> PageAlloc<P> {
                 };
                 if result == CompactResult::Success {
                     if let Some(pfn) = hooks.take_captured(order) {
-                        self.zone_statistics(ac, self.pfn_to_nid(pfn), 1);
-                        return Ok(self.prep_new_page(pfn.get() as u32, order, ac.mt, pg));
+                        // Compaction works on every zone: a block captured on a
+                        // node this request may not use goes back (then the
+                        // retry below looks at the request's own zones).
+                        let nid = self.pfn_to_nid(pfn);
+                        if self.zonelist(ac).contains(&nid) && node_allowed(ac, nid) {
+                            self.zone_statistics(ac, nid, 1);
+                            return Ok(self.prep_new_page(pfn.get() as u32, order, ac.mt, pg));
+                        }
+                        let _ = self.free_pages_claim(pfn, order, Claim::Owner);
                     }
                 }
                 let reclaimed = hooks.direct_reclaim(order) > 0;

@@ -1,6 +1,7 @@
 extern crate std;
 use super::*;
 use crate::config::{MergePolicy, RefillPolicy};
+use crate::node::{Distances, NodeMask, NodeStates, Zonelists};
 use crate::pcp::PcpList;
 use core::sync::atomic::AtomicBool;
 
@@ -559,4 +560,147 @@ fn pcp_ring_is_lifo_at_the_hot_end_fifo_at_the_cold_end() {
     l.push(9);
     l.push(10);
     assert_eq!(l.iter().collect::<std::vec::Vec<_>>(), [1, 2, 9, 10]);
+}
+
+// ---------------------------------------------------------------------------------
+// Nodes
+// ---------------------------------------------------------------------------------
+
+fn pa_nodes(node_pages: &[u64], rows: &[[u8; 3]]) -> PageAlloc<TestPlatform> {
+    let n = node_pages.len();
+    let d = Distances::from_rows(&rows[..n].iter().map(|r| &r[..n]).collect::<Vec<_>>()).unwrap();
+    let states = NodeStates {
+        memory: NodeMask::first_n(n),
+        cpu: NodeMask::first_n(n),
+    };
+    let cfg = Config {
+        pcp: PcpPolicy::On,
+        merge: MergePolicy::Eager,
+        refill: RefillPolicy::Cluster,
+        pcp_high: PcpHighPolicy::Fixed,
+        nr_cpus: 2,
+        pcp_batch: None,
+        pcp_cache: false,
+    };
+    PageAlloc::with_nodes(cfg, node_pages, Zonelists::build(&d, &states)).unwrap()
+}
+
+const ROWS: [[u8; 3]; 3] = [[10, 20, 30], [20, 10, 20], [30, 20, 10]];
+
+#[test]
+fn nodes_are_consecutive_zones_and_pfn_to_nid_finds_them() {
+    let a = pa_nodes(&[2048, 1024, 1536], &ROWS);
+    assert_eq!(a.nr_nodes(), 3);
+    assert_eq!(a.node_span(1), Some((Pfn::new(2048), 1024)));
+    assert_eq!(a.node_span(2), Some((Pfn::new(3072), 1536)));
+    for (pfn, nid) in [
+        (0, 0),
+        (2047, 0),
+        (2048, 1),
+        (3071, 1),
+        (3072, 2),
+        (4607, 2),
+    ] {
+        assert_eq!(a.pfn_to_nid(Pfn::new(pfn)), nid, "pfn {pfn}");
+    }
+    // Each zone's min is its share of the min of the whole memory.
+    let one = PageAlloc::<TestPlatform>::new(a.cfg.clone(), 4608).unwrap();
+    let sum: u64 = a.zones.iter().map(|z| z.wmark[0]).sum();
+    let whole = one.zones[0].wmark[0];
+    assert!(sum <= whole && sum + 3 > whole, "{sum} vs {whole}");
+    a.check().unwrap();
+}
+
+#[test]
+fn nodemask_thisnode_and_fallback_order() {
+    let a = pa_nodes(&[1024, 1024, 1024], &ROWS);
+    let req = |preferred, mask: Option<&[usize]>| NodeReq {
+        preferred,
+        local: 0,
+        nodemask: mask.map(NodeMask::from_nodes),
+        interleave: false,
+    };
+    let p = a
+        .alloc_pages_nodemask(Gfp::KERNEL, 0, req(2, None), &NoHooks)
+        .unwrap();
+    assert_eq!(a.pfn_to_nid(p), 2);
+    let p = a
+        .alloc_pages_nodemask(Gfp::KERNEL, 2, req(2, Some(&[0])), &NoHooks)
+        .unwrap();
+    assert_eq!(
+        a.pfn_to_nid(p),
+        0,
+        "the nodemask wins over the preferred node"
+    );
+    assert_eq!(
+        a.alloc_pages_nodemask(Gfp::KERNEL, 0, req(3, None), &NoHooks),
+        Err(AllocError::BadNode)
+    );
+    assert_eq!(
+        a.alloc_pages_nodemask(Gfp::KERNEL, 0, req(0, Some(&[5])), &NoHooks),
+        Err(AllocError::BadNode)
+    );
+    // THISNODE on node 0 takes exactly its free pages above min, then fails.
+    a.drain_all_pages();
+    let room = {
+        let g = a.zones[0].lock();
+        g.nr_free - a.zones[0].wmark[0]
+    };
+    let mut got = 0u64;
+    while a
+        .alloc_pages_nodemask(Gfp::KERNEL | Gfp::THISNODE, 0, req(0, None), &NoHooks)
+        .is_ok()
+    {
+        got += 1;
+    }
+    assert_eq!(got, room);
+    // Without it: node 1 (distance 20) before node 2 (30).
+    let p = a
+        .alloc_pages_nodemask(Gfp::KERNEL, 0, req(0, None), &NoHooks)
+        .unwrap();
+    assert_eq!(a.pfn_to_nid(p), 1);
+    let s0 = a.numa_stats(0);
+    let s1 = a.numa_stats(1);
+    assert_eq!(
+        s0.numa_hit,
+        room + 1,
+        "the masked order-2 block was a hit on node 0"
+    );
+    assert_eq!((s0.numa_foreign, s1.numa_miss, s1.other_node), (1, 1, 1));
+    a.check().unwrap();
+}
+
+#[test]
+fn with_nodes_refuses_bad_layouts() {
+    let cfg = pa(
+        PcpPolicy::On,
+        MergePolicy::Eager,
+        RefillPolicy::Cluster,
+        1024,
+    )
+    .cfg
+    .clone();
+    let d = Distances::uniform(2);
+    let st = NodeStates {
+        memory: NodeMask::first_n(2),
+        cpu: NodeMask::first_n(2),
+    };
+    let zl = Zonelists::build(&d, &st);
+    let mk = |pages: &[u64], zl: Zonelists| {
+        PageAlloc::<TestPlatform>::with_nodes(cfg.clone(), pages, zl).err()
+    };
+    assert!(
+        mk(&[1536, 1024], zl.clone()).is_some(),
+        "node 0 not whole MAX_ORDER blocks"
+    );
+    assert!(
+        mk(&[1024, 256], zl.clone()).is_some(),
+        "node 1 below a pageblock"
+    );
+    assert!(
+        mk(&[1024], zl.clone()).is_some(),
+        "zonelists of another node count"
+    );
+    assert!(mk(&[], zl.clone()).is_some());
+    assert!(mk(&[1024, 1536], zl).is_none());
 }

@@ -70,8 +70,8 @@ use crate::{Error, Mm, Pfn, StdPlatform, PAGE_SIZE};
 pub use mmap::MapFlags;
 pub(crate) use mmap::VmaTree;
 pub use mmu::PinnedPage;
-pub use policy::MbindReport;
 use pagewalk::next_gen;
+pub use policy::MbindReport;
 use zap::{MmuGather, FREE_UPPER};
 
 /// Lowest address `mmap` hands out.

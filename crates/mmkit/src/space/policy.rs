@@ -306,7 +306,11 @@ impl Space {
                     if e.is_present() && !mask.contains(mm.node_of(e.pfn())) {
                         found.push((a, e.pfn(), huge));
                     }
-                    a = if huge { (a & !(PMD_SIZE - 1)) + PMD_SIZE } else { a + PAGE };
+                    a = if huge {
+                        (a & !(PMD_SIZE - 1)) + PMD_SIZE
+                    } else {
+                        a + PAGE
+                    };
                 }
             }
             if flags.contains(MbindFlags::STRICT) && !flags.contains(MbindFlags::MOVE) {
@@ -335,9 +339,7 @@ impl Space {
                     v.pgoff = addr;
                 }
             }
-            inner
-                .nr_vmas
-                .store(g.map.len() as u64, Ordering::Relaxed);
+            inner.nr_vmas.store(g.map.len() as u64, Ordering::Relaxed);
             misplaced = found;
         }
         let mut report = MbindReport::default();
