@@ -137,19 +137,26 @@ impl Mm {
     /// Allocates 2^order contiguous pages.
     #[inline]
     pub fn alloc_pages(&self, gfp: Gfp, order: u32) -> Result<Pfn, Error> {
-        let r = if self.nr_nodes() == 1 {
-            self.inner
-                .alloc
-                .alloc_pages(gfp, order, &AllocHooks::new(self))
-        } else {
-            let here = self.thread_node();
-            self.inner.alloc.alloc_pages_nodemask(
-                gfp,
-                order,
-                NodeReq::node(here, here),
-                &AllocHooks::new(self),
-            )
-        };
+        if self.nr_nodes() > 1 {
+            return self.alloc_pages_here(gfp, order);
+        }
+        let r = self
+            .inner
+            .alloc
+            .alloc_pages(gfp, order, &AllocHooks::new(self));
+        self.finish_alloc(r, gfp, order)
+    }
+
+    /// `alloc_pages` on the calling thread's node (more than one node).
+    #[cold]
+    #[inline(never)]
+    fn alloc_pages_here(&self, gfp: Gfp, order: u32) -> Result<Pfn, Error> {
+        let here = self.thread_node();
+        let req = NodeReq::node(here, here);
+        let r = self
+            .inner
+            .alloc
+            .alloc_pages_nodemask(gfp, order, req, &AllocHooks::new(self));
         self.finish_alloc(r, gfp, order)
     }
 
@@ -159,14 +166,20 @@ impl Mm {
     #[inline]
     pub(crate) fn alloc_owned_pages(&self, gfp: Gfp, order: u32) -> Result<Pfn, Error> {
         if self.nr_nodes() > 1 {
-            let here = self.thread_node();
-            return self.alloc_owned_pages_req(gfp, order, NodeReq::node(here, here));
+            return self.alloc_owned_pages_here(gfp, order);
         }
         let r = self
             .inner
             .alloc
             .alloc_owned_pages(gfp, order, &AllocHooks::new(self));
         self.finish_alloc(r, gfp, order)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn alloc_owned_pages_here(&self, gfp: Gfp, order: u32) -> Result<Pfn, Error> {
+        let here = self.thread_node();
+        self.alloc_owned_pages_req(gfp, order, NodeReq::node(here, here))
     }
 
     /// `alloc_owned_pages` on nodes (a memory policy's placement).

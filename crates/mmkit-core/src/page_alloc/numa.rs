@@ -123,6 +123,9 @@ impl<P: Platform> PageAlloc<P> {
     /// walkers).
     #[inline(always)]
     pub(super) fn zonelist(&self, ac: &AllocContext) -> &[usize] {
+        if self.zones.len() == 1 {
+            return &[0];
+        }
         let zl = self.zonelists.fallback_order(ac.nid);
         if ac.gfp.thisnode() {
             &zl[..zl.len().min(1)]
