@@ -197,8 +197,28 @@ fn numa_counters_add_up() {
     let tables = space.stats().pgtable_pages - 1;
     assert_eq!(s0.numa_hit + s1.numa_hit, 64 + tables);
     assert_eq!(s1.other_node, 32);
+    finish(&mm, space);
+}
+
+/// An emulated `n`-node Mm over `mem` bytes, the calling thread on `node`, and
+/// a space on it with `pages` pages mapped (at the returned address).
+fn setup(n: usize, mem: usize, node: usize, pages: u64) -> (Mm, mmkit::Space, u64) {
+    let mm = mm_n(n, mem);
+    mm.set_thread_node(node).unwrap();
+    let (space, addr) = space_with(&mm, pages);
+    (mm, space, addr)
+}
+
+/// Drops the space and checks the allocator.
+fn finish(mm: &Mm, space: mmkit::Space) {
     drop(space);
-    check(&mm);
+    check(mm);
+}
+
+fn free_all(mm: &Mm, pages: Vec<Pfn>) {
+    for p in pages {
+        mm.free_pages(p, 0).unwrap();
+    }
 }
 
 /// A space on `mm` with `pages` pages mapped; returns it and the address.
@@ -216,9 +236,7 @@ fn nodes_of(space: &mmkit::Space, addr: u64, pages: u64) -> Vec<usize> {
 
 #[test]
 fn bind_places_exactly_on_the_mask_nearest_first() {
-    let mm = mm_n(4, 32 * MIB);
-    mm.set_thread_node(3).unwrap();
-    let (space, addr) = space_with(&mm, 48);
+    let (mm, space, addr) = setup(4, 32 * MIB, 3, 48);
     space.set_mempolicy(MemPolicy::Bind(mask(&[2]))).unwrap();
     space.populate(addr, 48 * PAGE as usize, true).unwrap();
     assert!(nodes_of(&space, addr, 48).iter().all(|&n| n == 2));
@@ -247,20 +265,15 @@ fn bind_never_leaves_the_mask_when_its_node_is_full() {
         other => panic!("bind to a full node: {other:?}"),
     }
     assert_eq!(space.node_of(addr), None);
-    for p in hog {
-        mm.free_pages(p, 0).unwrap();
-    }
+    free_all(&mm, hog);
     space.touch(addr, true).unwrap();
     assert_eq!(space.node_of(addr), Some(1));
-    drop(space);
-    check(&mm);
+    finish(&mm, space);
 }
 
 #[test]
 fn interleave_is_exact_round_robin_by_offset_in_the_range() {
-    let mm = mm_n(4, 32 * MIB);
-    mm.set_thread_node(0).unwrap();
-    let (space, addr) = space_with(&mm, 128);
+    let (mm, space, addr) = setup(4, 32 * MIB, 0, 128);
     // The range starts 5 pages into the mapping: offsets count from its start.
     let start = addr + 5 * PAGE;
     let m = mask(&[0, 1, 3]);
@@ -287,8 +300,7 @@ fn interleave_is_exact_round_robin_by_offset_in_the_range() {
         MemPolicy::Interleave(m)
     );
     assert_eq!(space.get_mempolicy(addr).unwrap(), MemPolicy::Default);
-    drop(space);
-    check(&mm);
+    finish(&mm, space);
 }
 
 #[test]
@@ -302,15 +314,12 @@ fn weighted_interleave_is_exact() {
     space.populate(addr, 64 * PAGE as usize, true).unwrap();
     let want: Vec<usize> = (0..64).map(|i| if i % 4 < 3 { 0 } else { 2 }).collect();
     assert_eq!(nodes_of(&space, addr, 64), want);
-    drop(space);
-    check(&mm);
+    finish(&mm, space);
 }
 
 #[test]
 fn preferred_falls_back_when_its_node_is_full() {
-    let mm = mm_n(2, 16 * MIB);
-    mm.set_thread_node(0).unwrap();
-    let (space, addr) = space_with(&mm, 64);
+    let (mm, space, addr) = setup(2, 16 * MIB, 0, 64);
     space.set_mempolicy(MemPolicy::Preferred(1)).unwrap();
     space.populate(addr, 16 * PAGE as usize, true).unwrap();
     assert!(nodes_of(&space, addr, 16).iter().all(|&n| n == 1));
@@ -318,11 +327,8 @@ fn preferred_falls_back_when_its_node_is_full() {
     let a2 = addr + 16 * PAGE;
     space.populate(a2, 48 * PAGE as usize, true).unwrap();
     assert!(nodes_of(&space, a2, 48).iter().all(|&n| n == 0));
-    for p in hog {
-        mm.free_pages(p, 0).unwrap();
-    }
-    drop(space);
-    check(&mm);
+    free_all(&mm, hog);
+    finish(&mm, space);
 }
 
 #[test]
@@ -363,9 +369,7 @@ fn preferred_many_local_and_huge_placement() {
 
 #[test]
 fn mbind_move_moves_every_page_with_its_content_and_pinned_pages_stay() {
-    let mm = mm_n(2, 16 * MIB);
-    mm.set_thread_node(0).unwrap();
-    let (space, addr) = space_with(&mm, 32);
+    let (mm, space, addr) = setup(2, 16 * MIB, 0, 32);
     for i in 0..32u64 {
         space
             .write(addr + i * PAGE + 8, &(i * 7 + 1).to_le_bytes())
@@ -378,14 +382,11 @@ fn mbind_move_moves_every_page_with_its_content_and_pinned_pages_stay() {
         mm.drain_all_pages();
         mm.nr_free_pages()
     };
-    let r = space
-        .mbind(
-            addr,
-            32 * PAGE as usize,
-            MemPolicy::Bind(mask(&[1])),
-            MbindFlags::MOVE,
-        )
-        .unwrap();
+    let move_all = || {
+        let bind1 = MemPolicy::Bind(mask(&[1]));
+        space.mbind(addr, 32 * PAGE as usize, bind1, MbindFlags::MOVE)
+    };
+    let r = move_all().unwrap();
     assert_eq!(r.moved, 31);
     assert_eq!(r.not_moved, vec![pinned_at]);
     for i in 0..32u64 {
@@ -403,25 +404,15 @@ fn mbind_move_moves_every_page_with_its_content_and_pinned_pages_stay() {
     );
     drop(pin);
     // Unpinned now: a second MOVE takes it.
-    let r = space
-        .mbind(
-            addr,
-            32 * PAGE as usize,
-            MemPolicy::Bind(mask(&[1])),
-            MbindFlags::MOVE,
-        )
-        .unwrap();
+    let r = move_all().unwrap();
     assert_eq!((r.moved, r.not_moved.len()), (1, 0));
     assert_eq!(space.node_of(pinned_at), Some(1));
-    drop(space);
-    check(&mm);
+    finish(&mm, space);
 }
 
 #[test]
 fn mbind_strict_refuses_misplaced_pages_and_changes_nothing() {
-    let mm = mm_n(2, 16 * MIB);
-    mm.set_thread_node(0).unwrap();
-    let (space, addr) = space_with(&mm, 16);
+    let (mm, space, addr) = setup(2, 16 * MIB, 0, 16);
     space.populate(addr, 16 * PAGE as usize, true).unwrap();
     let maps = space.mappings();
     let r = space.mbind(
@@ -440,8 +431,7 @@ fn mbind_strict_refuses_misplaced_pages_and_changes_nothing() {
         MemPolicy::Default
     );
     assert!(nodes_of(&space, addr, 16).iter().all(|&n| n == 0));
-    drop(space);
-    check(&mm);
+    finish(&mm, space);
 }
 
 #[test]
@@ -496,8 +486,7 @@ fn bad_input_is_refused_with_no_change() {
             nr_nodes: 4
         })
     ));
-    drop(space);
-    check(&mm);
+    finish(&mm, space);
 }
 
 #[test]
@@ -527,9 +516,7 @@ fn set_thread_node_is_per_thread_and_per_mm() {
 
 #[test]
 fn local_and_remote_accesses_are_counted() {
-    let mm = mm_n(2, 16 * MIB);
-    mm.set_thread_node(0).unwrap();
-    let (space, addr) = space_with(&mm, 8);
+    let (mm, space, addr) = setup(2, 16 * MIB, 0, 8);
     space.set_mempolicy(MemPolicy::Bind(mask(&[1]))).unwrap();
     for i in 0..8 {
         space.touch(addr + i * PAGE, true).unwrap();
@@ -545,8 +532,7 @@ fn local_and_remote_accesses_are_counted() {
     let n1 = mm.node_accesses(1);
     assert_eq!((n1.local, n1.remote), (8, 8));
     assert_eq!(mm.node_accesses(0), Default::default());
-    drop(space);
-    check(&mm);
+    finish(&mm, space);
 }
 
 #[test]
@@ -578,8 +564,7 @@ fn one_node_mm_is_as_before() {
     assert_eq!(space.stats().local_accesses, 0, "not counted with one node");
     mm.free_pages(p, 0).unwrap();
     mm.free_pages(q, 0).unwrap();
-    drop(space);
-    check(&mm);
+    finish(&mm, space);
     // The host's topology is the default.
     let host = Mm::builder().memory(8 * MIB).build().unwrap();
     assert_eq!(host.nr_nodes(), Topology::host().nr_nodes());

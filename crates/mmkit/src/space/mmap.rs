@@ -223,6 +223,21 @@ pub(super) fn check_range(addr: u64, len: u64) -> Result<u64, Error> {
     }
 }
 
+/// A range given to `munmap` or `mbind`: `addr` page aligned (else refused with
+/// `unaligned` as the reason), `len` non-zero and rounded up to 4 KiB, the whole
+/// inside `0..2^47`; returns its end.
+pub(super) fn page_range(addr: u64, len: u64, unaligned: &'static str) -> Result<u64, Error> {
+    if addr & (PAGE - 1) != 0 {
+        return Err(bad(addr, len, unaligned));
+    }
+    if len == 0 {
+        return Err(bad(addr, len, "zero length"));
+    }
+    align_up(len, PAGE)
+        .ok_or_else(|| bad(addr, len, "range wraps around the address space"))
+        .and_then(|l| check_range(addr, l))
+}
+
 pub(super) fn bad(addr: u64, len: u64, reason: &'static str) -> Error {
     Error::BadAddress { addr, len, reason }
 }
@@ -281,16 +296,7 @@ impl Space {
     /// own batches), then freeing the upper-level tables on this thread.
     pub fn munmap_parallel(&self, addr: u64, len: usize, threads: usize) -> Result<(), Error> {
         not_in_page(addr)?;
-        let len = len as u64;
-        if addr & (PAGE - 1) != 0 {
-            return Err(bad(addr, len, "munmap address is not page aligned"));
-        }
-        if len == 0 {
-            return Err(bad(addr, len, "zero length"));
-        }
-        let end = align_up(len, PAGE)
-            .ok_or_else(|| bad(addr, len, "range wraps around the address space"))
-            .and_then(|l| check_range(addr, l))?;
+        let end = page_range(addr, len as u64, "munmap address is not page aligned")?;
         let mut g = self.inner.write_lock();
         self.inner.do_munmap(&mut g, addr, end, threads.max(1))
     }

@@ -29,7 +29,7 @@ use std::sync::{Arc, RwLock};
 use mmkit_core::node::NodeMask;
 use mmkit_core::NodeReq;
 
-use super::mmap::{align_up, bad, check_range, Vma};
+use super::mmap::{bad, check_range, page_range, Vma};
 use super::mmu::not_in_page;
 use super::{Space, SpaceInner, Stat, PAGE};
 use crate::mempolicy::{MbindFlags, MemPolicy, Placement};
@@ -273,15 +273,7 @@ impl Space {
     ) -> Result<MbindReport, Error> {
         not_in_page(addr)?;
         let len = len as u64;
-        if addr & (PAGE - 1) != 0 {
-            return Err(bad(addr, len, "mbind address is not page aligned"));
-        }
-        if len == 0 {
-            return Err(bad(addr, len, "zero length"));
-        }
-        let end = align_up(len, PAGE)
-            .ok_or_else(|| bad(addr, len, "range wraps around the address space"))
-            .and_then(|l| check_range(addr, l))?;
+        let end = page_range(addr, len, "mbind address is not page aligned")?;
         let mm = self.mm().clone();
         policy.validate(mm.topology())?;
         let thread_node = mm.thread_node();
