@@ -103,7 +103,8 @@ pub enum Error {
         /// Why.
         reason: &'static str,
     },
-    /// A node that this Mm does not have.
+    /// A node that this Mm does not have (`node` is `usize::MAX` when an
+    /// internal request's nodemask held none of its nodes).
     #[error("node {node} does not exist: this Mm has nodes 0..{nr_nodes}")]
     BadNode {
         /// The node asked for.

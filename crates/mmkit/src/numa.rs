@@ -282,3 +282,48 @@ impl Mm {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_pages_are_whole_blocks_and_the_last_takes_the_tail() {
+        let t = Topology::emulated(3);
+        let v = node_pages(&t, 10 * 1024 + 7).unwrap();
+        assert_eq!(v, vec![4 * 1024, 3 * 1024, 3 * 1024 + 7]);
+        assert!(
+            node_pages(&t, 2 * 1024 + 1023).is_err(),
+            "fewer blocks than nodes"
+        );
+    }
+
+    #[test]
+    fn mbind_range_binds_to_node_0_and_refuses_a_missing_node() {
+        let len = 2 << 20;
+        // SAFETY: a fresh private anonymous mapping, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let r0 = mbind_range(p as *mut u8, len, 0);
+        let r63 = mbind_range(p as *mut u8, len, 63);
+        // SAFETY: the mapping made above, not used after this.
+        unsafe { libc::munmap(p, len) };
+        match r0 {
+            Ok(()) => assert!(r63.is_err(), "node 63 does not exist here"),
+            // Sandboxes without the syscall: refused as a whole, never half done.
+            Err(e) => assert!(
+                matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)),
+                "{e}"
+            ),
+        }
+    }
+}
