@@ -709,7 +709,7 @@ mod tests {
         assert!((0..6).all(|i| !z.feed(f64::from(i), 0, 0)), "no swapping");
         // Filling: steady swap-in, but far more going out.
         let mut f = Steady::default();
-        assert!((0..6).all(|i| !f.feed(f64::from(i), i * 10, i * 100)));
+        assert!((0..6u32).all(|i| !f.feed(f64::from(i), u64::from(i) * 10, u64::from(i) * 100)));
     }
 
     #[test]
