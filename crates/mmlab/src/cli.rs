@@ -41,7 +41,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run workloads (default: all) in every variant and thread count.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// List the workloads, variants, metrics and the keys of --set.
     List,
     /// Compare runs: for each point, a column per JSON Lines file with the
@@ -164,7 +164,7 @@ pub fn main() -> Result<()> {
             print!("{}", list_text());
             Ok(())
         }
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Compare(args) => {
             print!("{}", compare::run(&args.files, args.md)?);
             Ok(())
@@ -355,6 +355,17 @@ fn run(args: RunArgs) -> Result<()> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn swap_flag() {
+        assert_eq!(parse_swap("ram"), Ok(SwapArg::Ram));
+        assert_eq!(
+            parse_swap("file:/var/tmp/s"),
+            Ok(SwapArg::File(PathBuf::from("/var/tmp/s")))
+        );
+        assert!(parse_swap("file:").is_err());
+        assert!(parse_swap("disk").is_err());
+    }
 
     #[test]
     fn sizes() {

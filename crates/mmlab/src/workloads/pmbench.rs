@@ -258,7 +258,7 @@ impl<M: Memory> AccessLoop<M> {
         let mut ok = 0;
         for _ in 0..count {
             self.n += 1;
-            let good = if measure && self.n % SAMPLE_EVERY == 0 {
+            let good = if measure && self.n.is_multiple_of(SAMPLE_EVERY) {
                 let t0 = now_ns();
                 let g = self.one();
                 let ns = u32::try_from(now_ns().saturating_sub(t0)).unwrap_or(u32::MAX);

@@ -338,4 +338,40 @@ mod tests {
         assert_eq!(parse_samples("samples"), Some(vec![]));
         assert!(parse_samples("samples x").is_none());
     }
+
+    /// Nothing named after this process is on the host.
+    fn nothing_of_ours_left() {
+        let me = format!("{}{}-", super::super::swap_host::PREFIX, std::process::id());
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        let loops = super::super::swap_host::our_loops();
+        assert!(loops
+            .iter()
+            .all(|(n, f)| !f.contains(&me) && !swaps.contains(&format!("/dev/loop{n} "))));
+        let shm = std::fs::read_dir(super::super::swap_host::TMPFS_DIR).unwrap();
+        assert!(shm
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().starts_with(&me)));
+    }
+
+    /// A small kernel point: it measures (or says why not) and leaves nothing.
+    #[test]
+    fn kernel_point_measures_and_tears_down() {
+        let plan = Plan {
+            min_warmup: Duration::from_millis(50),
+            max_warmup: Duration::from_millis(500),
+            interval: Duration::from_millis(25),
+            duration: Duration::from_millis(100),
+        };
+        let t0 = Instant::now();
+        match run_point(1, 8 << 20, &plan) {
+            Ok(f) => {
+                let get = |n: &str| f.iter().find(|x| x.metric == n).unwrap().value;
+                assert!(get("accesses_per_sec") > 0.0, "{f:?}");
+                assert!(get("access_latency_p99_ns") >= get("access_latency_p50_ns"));
+            }
+            Err(why) => eprintln!("skipped: pmbench kernel point: {why}"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30));
+        nothing_of_ours_left();
+    }
 }

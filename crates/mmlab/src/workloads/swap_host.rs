@@ -341,8 +341,7 @@ impl HostSwap {
         let mut st: libc::statfs = unsafe { std::mem::zeroed() };
         let dir = c_path(TMPFS_DIR);
         // SAFETY: NUL-terminated path and a valid statfs to fill.
-        if unsafe { libc::statfs(dir.as_ptr(), &mut st) } != 0 || st.f_type as i64 != TMPFS_MAGIC
-        {
+        if unsafe { libc::statfs(dir.as_ptr(), &mut st) } != 0 || st.f_type as i64 != TMPFS_MAGIC {
             return Some(format!("{TMPFS_DIR} is not a tmpfs"));
         }
         CgroupRoot::find().err()
@@ -562,7 +561,10 @@ mod tests {
         assert!(hs.file.exists());
         assert!(cgroup_dirs(&hs.name));
         // A short-lived process moved in, then gone before the cgroup goes.
-        let mut sleeper = std::process::Command::new("sleep").arg("10").spawn().unwrap();
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .unwrap();
         hs.cgroup.as_ref().unwrap().add(sleeper.id()).unwrap();
         let procs = fs::read_to_string(hs.cgroup.as_ref().unwrap().dir.join("cgroup.procs"));
         assert!(procs.unwrap().contains(&sleeper.id().to_string()));
@@ -581,7 +583,9 @@ mod tests {
         let dev = crashed.device().unwrap();
         let file = crashed.file.clone();
         // Forget it without teardown, as a crash would.
-        crashed.cgroup.take().map(std::mem::forget);
+        if let Some(cg) = crashed.cgroup.take() {
+            std::mem::forget(cg);
+        }
         std::mem::forget(crashed);
         let cleaned = clean_leftovers();
         assert!(cleaned.contains(&format!("swap {dev}")), "{cleaned:?}");
