@@ -155,34 +155,52 @@ fn child_exe() -> Result<PathBuf, String> {
     bin.ok_or_else(|| "the mmlab binary is not built (cargo build -p mmlab)".into())
 }
 
-/// A child that is killed and reaped when dropped, unless it exited.
-struct ChildGuard(Child);
+/// A child that is killed and reaped when dropped. Every wait is bounded: a
+/// child with a thread stuck in the kernel (D state) cannot be reaped, and is
+/// left behind with a warning rather than hanging the lab.
+struct ChildGuard {
+    child: Child,
+    reaped: bool,
+}
+
+/// How long a killed child may take to be reaped.
+const REAP_LIMIT: Duration = Duration::from_secs(5);
 
 impl ChildGuard {
-    /// Waits up to `limit` for the child to exit; kills it after that.
-    fn finish(&mut self, limit: Duration) {
+    /// Polls for the child's exit for up to `limit`; true once reaped.
+    fn reap(&mut self, limit: Duration) -> bool {
         let t0 = Instant::now();
-        while t0.elapsed() < limit {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
+        while !self.reaped {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => self.reaped = true,
+                Ok(None) if t0.elapsed() >= limit => break,
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
             }
-            std::thread::sleep(Duration::from_millis(10));
         }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        self.reaped
+    }
+
+    /// Waits up to `limit` for the child to exit, then kills it.
+    fn finish(&mut self, limit: Duration) {
+        if !self.reap(limit) {
+            let _ = self.child.kill();
+            if !self.reap(REAP_LIMIT) {
+                eprintln!(
+                    "warning: pmbench kernel: child {} does not exit (stuck in the kernel); left",
+                    self.child.id()
+                );
+            }
+        }
     }
 
     fn alive(&mut self) -> bool {
-        matches!(self.0.try_wait(), Ok(None))
+        !self.reap(Duration::ZERO)
     }
 }
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
-        if self.alive() {
-            let _ = self.0.kill();
-        }
-        let _ = self.0.wait();
+        self.finish(Duration::ZERO);
     }
 }
 
@@ -283,11 +301,14 @@ fn measure(
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| format!("starting {}: {e}", exe.display()))?;
-    let mut g = ChildGuard(child);
-    let rx = line_channel(&mut g.0)?;
-    let mut stdin = g.0.stdin.take().ok_or("the child has no stdin pipe")?;
+    let mut g = ChildGuard {
+        child,
+        reaped: false,
+    };
+    let rx = line_channel(&mut g.child)?;
+    let mut stdin = g.child.stdin.take().ok_or("the child has no stdin pipe")?;
     let cg = hs.cgroup.as_ref().ok_or("no cgroup")?;
-    cg.add(g.0.id())?;
+    cg.add(g.child.id())?;
     tell(&mut stdin, "start")?;
     // Filling the working sets swaps them out once: at least 64 MiB/s.
     let fill = Duration::from_secs((threads * wss) as u64 / (64 << 20));
@@ -342,13 +363,13 @@ mod tests {
     /// Nothing named after this process is on the host.
     fn nothing_of_ours_left() {
         let me = format!("{}{}-", super::super::swap_host::PREFIX, std::process::id());
-        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        // No loop device (so no swap device) over a file of ours.
         let loops = super::super::swap_host::our_loops();
-        assert!(loops
-            .iter()
-            .all(|(n, f)| !f.contains(&me) && !swaps.contains(&format!("/dev/loop{n} "))));
-        let shm = std::fs::read_dir(super::super::swap_host::TMPFS_DIR).unwrap();
-        assert!(shm
+        assert!(loops.iter().all(|(_, f)| !f.contains(&me)), "{loops:?}");
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!mounts.contains(&me), "a tmpfs of ours is still mounted");
+        let run = std::fs::read_dir(super::super::swap_host::MOUNT_BASE).unwrap();
+        assert!(run
             .flatten()
             .all(|e| !e.file_name().to_string_lossy().starts_with(&me)));
     }

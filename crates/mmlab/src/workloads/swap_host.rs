@@ -1,9 +1,15 @@
 //! The host side of `pmbench`'s `kernel` variant: a RAM-backed swap device and a
 //! memory cgroup on this machine, set up for one point and torn down after it.
 //!
-//! - a file on tmpfs (`/dev/shm`), allocated in full up front (so that swap-out
+//! - a file on a tmpfs of its own, mounted for the point at `/run/<name>` (with
+//!   `noswap` where the kernel has it; never the shared `/dev/shm`, whose
+//!   directory lock a stuck device would take hostage), allocated in full up front (so that swap-out
 //!   never allocates tmpfs pages, and they are charged to the lab, not to the
-//!   cgroup), with a swap header written here (no `mkswap` needed);
+//!   cgroup) and mlocked through a shared mapping for as long as it is a swap
+//!   device, with a swap header written here (no `mkswap` needed). The mlock is
+//!   essential: tmpfs pages are swappable, and a page of the device's own file
+//!   swapped out to the device deadlocks the loop worker that must write it
+//!   (it waits for the page's writeback, which is queued behind itself);
 //! - a loop device over it (the `LOOP_CTL_GET_FREE` / `LOOP_SET_FD` ioctls, with
 //!   autoclear, so it detaches when its last user closes it);
 //! - `swapon(2)` on the loop device at the highest priority;
@@ -14,7 +20,9 @@
 //! backing file, cgroup), where `<pid>` is the lab process that made it, so that
 //! `clean_leftovers` can remove what a crashed run left behind (objects whose
 //! pid is no longer alive) without touching a concurrent run's. `HostSwap::drop`
-//! tears down in reverse order: cgroup, swapoff, loop detach, file.
+//! tears down in reverse order: cgroup, swapoff, loop detach, unlock, file. A
+//! loop device whose I/O no longer completes is never swapped off (that would
+//! hang in the kernel for good): it is left with a message instead.
 
 use std::ffi::CString;
 use std::fs;
@@ -27,11 +35,10 @@ use std::time::{Duration, Instant};
 
 /// The prefix of every object's name.
 pub const PREFIX: &str = "mmlab-pmbench-";
-/// Where the swap files live (a tmpfs).
-pub const TMPFS_DIR: &str = "/dev/shm";
+/// Where each point's tmpfs is mounted (`/run/<name>`).
+pub const MOUNT_BASE: &str = "/run";
 
 const PAGE: u64 = 4096;
-const TMPFS_MAGIC: i64 = 0x0102_1994;
 const LOOP_SET_FD: libc::c_ulong = 0x4C00;
 const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
 const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
@@ -324,6 +331,129 @@ pub struct HostSwap {
     pub loop_nr: Option<u32>,
     pub swap_on: bool,
     pub cgroup: Option<Cgroup>,
+    /// The file's pages, mapped shared and mlocked (address, length).
+    locked: Option<(usize, usize)>,
+    /// The tmpfs mounted for the file.
+    mount: Option<PathBuf>,
+}
+
+/// Mounts a tmpfs of `bytes` at `/run/<name>` (created): `noswap` where the
+/// kernel knows it (6.4+), else without.
+fn mount_tmpfs(name: &str, bytes: u64) -> Result<PathBuf, String> {
+    let dir = Path::new(MOUNT_BASE).join(name);
+    fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let target = c_path(&dir.to_string_lossy());
+    let fstype = c_path("tmpfs");
+    for opts in [
+        format!("size={bytes},mode=0700,noswap"),
+        format!("size={bytes},mode=0700"),
+    ] {
+        let data = c_path(&opts);
+        // SAFETY: NUL-terminated strings that the kernel only reads.
+        let r = unsafe {
+            libc::mount(
+                fstype.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                data.as_ptr().cast(),
+            )
+        };
+        if r == 0 {
+            return Ok(dir);
+        }
+    }
+    let e = os_err(&format!("mounting a tmpfs at {}", dir.display()));
+    let _ = fs::remove_dir(&dir);
+    Err(e)
+}
+
+/// Unmounts (lazily) and removes a mount point of ours.
+fn unmount_dir(dir: &Path) -> Result<(), String> {
+    let target = c_path(&dir.to_string_lossy());
+    // SAFETY: a NUL-terminated path the kernel only reads.
+    if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINVAL) && e.raw_os_error() != Some(libc::ENOENT) {
+            return Err(format!("unmounting {}: {e}", dir.display()));
+        }
+    }
+    match fs::remove_dir(dir) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            Err(format!("removing {}: {e}", dir.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The mount points of ours in /proc/self/mountinfo.
+fn our_mounts() -> Vec<PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| {
+            p.parent() == Some(Path::new(MOUNT_BASE))
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(PREFIX))
+        })
+        .collect()
+}
+
+/// Maps `len` bytes of `f` shared and mlocks them (unevictable while mapped).
+fn lock_file(f: &fs::File, len: usize) -> Result<(usize, usize), String> {
+    // SAFETY: a shared mapping of our open file at a kernel-chosen address; the
+    // result is checked against MAP_FAILED. Nothing reads or writes through it.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(os_err("mapping the swap file to lock it"));
+    }
+    // SAFETY: exactly the mapping just made.
+    if unsafe { libc::mlock(p, len) } != 0 {
+        let e = os_err("mlock of the swap file (its pages must never be swapped)");
+        // SAFETY: exactly the mapping just made; no reference into it.
+        unsafe { libc::munmap(p, len) };
+        return Err(e);
+    }
+    Ok((p as usize, len))
+}
+
+/// Whether loop device `n` has I/O in flight that does not complete (0.3 s).
+pub fn loop_stuck(n: u32) -> bool {
+    let read = |f: &str| fs::read_to_string(format!("/sys/block/loop{n}/{f}")).unwrap_or_default();
+    let nums = |s: String| -> Vec<u64> {
+        s.split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect()
+    };
+    let busy = || nums(read("inflight")).iter().sum::<u64>() > 0;
+    // Completed reads and writes (fields 1 and 5 of the stat file).
+    let done = || {
+        let v = nums(read("stat"));
+        v.first().copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0)
+    };
+    if !busy() {
+        return false;
+    }
+    let d0 = done();
+    std::thread::sleep(Duration::from_millis(300));
+    busy() && done() == d0
+}
+
+fn stuck_msg(n: u32) -> String {
+    format!(
+        "{} has I/O that does not complete: left on (swapoff would hang); a reboot clears it",
+        loop_path(n)
+    )
 }
 
 impl HostSwap {
@@ -337,12 +467,25 @@ impl HostSwap {
         if !Path::new("/dev/loop-control").exists() {
             return Some("no /dev/loop-control (no loop devices)".into());
         }
-        // SAFETY: an all-zero statfs is valid; statfs writes into it.
-        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-        let dir = c_path(TMPFS_DIR);
-        // SAFETY: NUL-terminated path and a valid statfs to fill.
-        if unsafe { libc::statfs(dir.as_ptr(), &mut st) } != 0 || st.f_type as i64 != TMPFS_MAGIC {
-            return Some(format!("{TMPFS_DIR} is not a tmpfs"));
+        if !Path::new(MOUNT_BASE).is_dir() {
+            return Some(format!("no {MOUNT_BASE} to mount a tmpfs on"));
+        }
+        // A swap device whose I/O never completes takes whatever is swapped to
+        // it hostage (ours would share its priority): refuse to add to that.
+        let swaps = fs::read_to_string("/proc/swaps").unwrap_or_default();
+        for dev in swaps
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next())
+        {
+            if let Some(n) = dev.strip_prefix("/dev/loop").and_then(|n| n.parse().ok()) {
+                if loop_stuck(n) {
+                    return Some(format!(
+                        "swap device {dev} is stuck (I/O does not complete; a reboot clears \
+                         it): swapping now would hang"
+                    ));
+                }
+            }
         }
         CgroupRoot::find().err()
     }
@@ -351,15 +494,18 @@ impl HostSwap {
     /// bytes, named `name`. On error, whatever was made is torn down.
     pub fn create_named(name: &str, swap_bytes: u64, limit: u64) -> Result<HostSwap, String> {
         let root = CgroupRoot::find()?;
-        let file = Path::new(TMPFS_DIR).join(format!("{name}.swap"));
+        let pages = swap_bytes.div_ceil(PAGE).max(16);
+        let dir = mount_tmpfs(name, pages * PAGE + (1 << 20))?;
+        let file = dir.join(format!("{name}.swap"));
         let mut hs = HostSwap {
             name: name.to_string(),
             file,
             loop_nr: None,
             swap_on: false,
             cgroup: None,
+            locked: None,
+            mount: Some(dir),
         };
-        let pages = swap_bytes.div_ceil(PAGE).max(16);
         let f = fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -370,13 +516,11 @@ impl HostSwap {
         let len = i64::try_from(pages * PAGE).map_err(|_| "swap size too large".to_string())?;
         // SAFETY: an open regular file; fallocate allocates its pages in tmpfs.
         if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len) } != 0 {
-            return Err(os_err(&format!(
-                "allocating {} MiB in {TMPFS_DIR}",
-                len >> 20
-            )));
+            return Err(os_err(&format!("allocating {} MiB on tmpfs", len >> 20)));
         }
         f.write_all_at(&swap_header(pages, "mmlab-pmbench"), 0)
             .map_err(|e| format!("writing the swap header: {e}"))?;
+        hs.locked = Some(lock_file(&f, len as usize)?);
         let (n, dev) = attach_loop(&f, &hs.file.to_string_lossy())?;
         hs.loop_nr = Some(n);
         drop(f);
@@ -419,17 +563,31 @@ impl HostSwap {
             std::mem::forget(cg);
         }
         if let Some(n) = self.loop_nr.take() {
+            if loop_stuck(n) {
+                // Leave all of it (the file's pages stay locked too): the
+                // next start reports it as a leftover it cannot remove.
+                self.locked = None; // the mapping is leaked: its pages stay locked
+                return Err(stuck_msg(n));
+            }
             if self.swap_on {
                 note(swapoff(&loop_path(n)));
                 self.swap_on = false;
             }
             note(wait_detached(n));
         }
+        if let Some((p, len)) = self.locked.take() {
+            // SAFETY: exactly the mapping made by `lock_file`; nothing points
+            // into it.
+            unsafe { libc::munmap(p as *mut libc::c_void, len) };
+        }
         match fs::remove_file(&self.file) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
                 note(Err(format!("removing {}: {e}", self.file.display())))
             }
             _ => {}
+        }
+        if let Some(dir) = self.mount.take() {
+            note(unmount_dir(&dir));
         }
         first.map_or(Ok(()), Err)
     }
@@ -461,9 +619,12 @@ impl Drop for HostSwap {
 /// removed, e.g. `["swap /dev/loop3", "file /dev/shm/mmlab-pmbench-12-0.swap"]`.
 pub fn clean_leftovers() -> Vec<String> {
     let mut done = Vec::new();
+    // Names whose loop device is stuck: everything of theirs is left alone
+    // (touching the file would block on its inode lock for good).
+    let mut stuck: Vec<String> = Vec::new();
     for (n, backing) in our_loops() {
         let base = Path::new(backing.split(" (deleted)").next().unwrap_or(""))
-            .file_name()
+            .file_stem()
             .and_then(|b| b.to_str())
             .unwrap_or("")
             .to_string();
@@ -471,6 +632,11 @@ pub fn clean_leftovers() -> Vec<String> {
             continue;
         }
         let path = loop_path(n);
+        if loop_stuck(n) {
+            eprintln!("warning: pmbench kernel: a crashed run's {}", stuck_msg(n));
+            stuck.push(base);
+            continue;
+        }
         if swap_active(&path) && swapoff(&path).is_ok() {
             done.push(format!("swap {path}"));
         }
@@ -478,11 +644,19 @@ pub fn clean_leftovers() -> Vec<String> {
             done.push(format!("loop {path}"));
         }
     }
-    if let Ok(dir) = fs::read_dir(TMPFS_DIR) {
+    let dead = |name: &str| is_leftover(name) && !stuck.iter().any(|s| s == name);
+    for m in our_mounts() {
+        let name = m.file_name().map(|n| n.to_string_lossy().to_string());
+        if name.as_deref().is_some_and(dead) && unmount_dir(&m).is_ok() {
+            done.push(format!("tmpfs {}", m.display()));
+        }
+    }
+    // Mount points whose tmpfs is gone already.
+    if let Ok(dir) = fs::read_dir(MOUNT_BASE) {
         for e in dir.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            if is_leftover(&name) && fs::remove_file(e.path()).is_ok() {
-                done.push(format!("file {}", e.path().display()));
+            if dead(&name) && fs::remove_dir(e.path()).is_ok() {
+                done.push(format!("directory {}", e.path().display()));
             }
         }
     }
@@ -490,7 +664,7 @@ pub fn clean_leftovers() -> Vec<String> {
         if let Ok(dir) = fs::read_dir(root.dir()) {
             for e in dir.flatten() {
                 let name = e.file_name().to_string_lossy().to_string();
-                if is_leftover(&name) && remove_cgroup_dir(&e.path()).is_ok() {
+                if dead(&name) && remove_cgroup_dir(&e.path()).is_ok() {
                     done.push(format!("cgroup {}", e.path().display()));
                 }
             }
