@@ -41,12 +41,19 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run workloads (default: all) in every variant and thread count.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// List the workloads, variants, metrics and the keys of --set.
     List,
     /// Compare runs: for each point, a column per JSON Lines file with the
     /// change against the first (~: within the spread of the rounds).
     Compare(CompareArgs),
+    /// Internal: the child process of pmbench's kernel variant.
+    #[command(name = "pmbench-child", hide = true)]
+    PmbenchChild {
+        threads: usize,
+        wss_bytes: usize,
+        deadline_ms: u64,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -100,6 +107,25 @@ struct RunArgs {
     /// 256M, 1G, 512MiB [default: 1G, quick: 256M].
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     memory: Option<u64>,
+    /// Swap device of the swapping workloads' (pmbench) mmkit variants: `ram`
+    /// or `file:PATH`, a real file (created, removed afterwards) [default: ram].
+    #[arg(long, value_name = "ram|file:PATH", value_parser = parse_swap)]
+    swap: Option<SwapArg>,
+}
+
+/// `--swap`: a RAM device or a file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SwapArg {
+    Ram,
+    File(PathBuf),
+}
+
+fn parse_swap(s: &str) -> Result<SwapArg, String> {
+    match s.split_once(':') {
+        _ if s == "ram" => Ok(SwapArg::Ram),
+        Some(("file", p)) if !p.is_empty() => Ok(SwapArg::File(PathBuf::from(p))),
+        _ => Err(format!("{s:?}: expected ram or file:PATH")),
+    }
 }
 
 fn parse_settings(s: &str) -> Result<Settings, String> {
@@ -138,11 +164,16 @@ pub fn main() -> Result<()> {
             print!("{}", list_text());
             Ok(())
         }
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Compare(args) => {
             print!("{}", compare::run(&args.files, args.md)?);
             Ok(())
         }
+        Command::PmbenchChild {
+            threads,
+            wss_bytes,
+            deadline_ms,
+        } => workloads::pmbench_kernel::child_main(threads, wss_bytes, deadline_ms),
     }
 }
 
@@ -265,6 +296,10 @@ fn run(args: RunArgs) -> Result<()> {
         rounds: args.rounds.unwrap_or(if args.quick { 1 } else { ROUNDS }),
         settings: args.set.clone(),
         params,
+        swap_file: match &args.swap {
+            Some(SwapArg::File(p)) => Some(p.clone()),
+            _ => None,
+        },
     };
     let facts: Vec<String> = hostinfo::describe(&host)
         .into_iter()
@@ -320,6 +355,17 @@ fn run(args: RunArgs) -> Result<()> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn swap_flag() {
+        assert_eq!(parse_swap("ram"), Ok(SwapArg::Ram));
+        assert_eq!(
+            parse_swap("file:/var/tmp/s"),
+            Ok(SwapArg::File(PathBuf::from("/var/tmp/s")))
+        );
+        assert!(parse_swap("file:").is_err());
+        assert!(parse_swap("disk").is_err());
+    }
 
     #[test]
     fn sizes() {

@@ -59,6 +59,9 @@ pub struct Config {
     pub settings: Vec<Settings>,
     /// Put into every record's params (the host, the command line, the commit).
     pub params: serde_json::Map<String, serde_json::Value>,
+    /// `--swap file:PATH`: the swapping workloads' mmkit variants swap to this
+    /// file instead of a RAM device.
+    pub swap_file: Option<std::path::PathBuf>,
 }
 
 /// One unit of a workload's per-thread loop.
@@ -166,7 +169,7 @@ where
 }
 
 /// The CPUs this process may run on (empty if unknown: then nothing is pinned).
-fn allowed_cpus() -> Vec<usize> {
+pub(crate) fn allowed_cpus() -> Vec<usize> {
     // SAFETY: cpu_set_t is plain data (all-zero is the empty set), and
     // sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into it.
     unsafe {
@@ -181,7 +184,7 @@ fn allowed_cpus() -> Vec<usize> {
 }
 
 /// Pins the calling thread to `cpu` (best effort: a refusal leaves it unpinned).
-fn pin_to_cpu(cpu: usize) {
+pub(crate) fn pin_to_cpu(cpu: usize) {
     // SAFETY: the set is plain data, built with CPU_ZERO/CPU_SET on a valid CPU
     // index (< CPU_SETSIZE, it came from allowed_cpus); pid 0 is this thread.
     unsafe {
@@ -237,10 +240,13 @@ fn build_variant(w: &dyn Workload, name: &str, config: &Config) -> Result<Peer> 
 
 /// The thread counts `workload` runs at under `config`.
 pub fn threads_for(workload: &dyn Workload, config: &Config) -> Vec<usize> {
-    config
-        .threads
-        .clone()
-        .unwrap_or_else(|| workload.default_threads().to_vec())
+    config.threads.clone().unwrap_or_else(|| {
+        if config.timing.quick {
+            workload.quick_threads().to_vec()
+        } else {
+            workload.default_threads().to_vec()
+        }
+    })
 }
 
 /// Runs every workload in every variant and thread count, interleaved as the
@@ -351,6 +357,7 @@ mod tests {
             rounds: 2,
             settings: sets.iter().map(|s| Settings::parse(s).unwrap()).collect(),
             params: serde_json::Map::new(),
+            swap_file: None,
         }
     }
 

@@ -18,7 +18,10 @@ pub mod host;
 mod order0_thp_mix;
 mod page_fault1;
 mod parallel_free;
+mod pmbench;
+pub mod pmbench_kernel;
 mod space_loop;
+mod swap_host;
 
 use crate::peers::{Peer, VariantInfo, VARIANTS};
 use crate::record::Record;
@@ -131,6 +134,10 @@ pub trait Workload: Sync {
     fn default_threads(&self) -> &'static [usize] {
         &[1, 2, 4, 8]
     }
+    /// Thread counts with `--quick` when `--threads` is not given.
+    fn quick_threads(&self) -> &'static [usize] {
+        self.default_threads()
+    }
     /// Whether it runs in `variant` by default.
     fn applies_to(&self, _variant: &str) -> bool {
         true
@@ -183,6 +190,7 @@ pub fn all() -> Vec<&'static dyn Workload> {
         &anon_w_seq::AnonWSeq,
         &highalloc::HighAlloc,
         &order0_thp_mix::Order0ThpMix,
+        &pmbench::Pmbench,
     ]
 }
 
@@ -491,6 +499,7 @@ mod tests {
             rounds: 1,
             settings: Vec::new(),
             params: Map::new(),
+            swap_file: None,
         };
         for w in all() {
             let Some(own) = w.own_variants() else {
@@ -520,7 +529,10 @@ mod tests {
                         f = w.run(&peer, t, &longer);
                     }
                     let vals = measured(&f);
+                    // pmbench: the kernel peer needs root and the mmlab binary,
+                    // the mmkit variants need swap in the library.
                     let may_skip = v.name == "kernel-hugetlb"
+                        || w.name() == "pmbench"
                         || (t > 1 && (w.name() == "clear_huge" || v.name == "kernel"));
                     assert!(
                         may_skip || !vals.is_empty(),

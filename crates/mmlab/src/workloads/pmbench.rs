@@ -1,0 +1,745 @@
+//! `pmbench` (the swap experiment of seed 002): each thread has its own address
+//! space and loops over uniformly random pages of its working set, 80% 4-byte
+//! reads and 20% 4-byte writes; the working sets together are `WSS_FACTOR` times
+//! the arena, and swap is a RAM device sized to hold them with a sixteenth to
+//! spare (nearly full and fragmented, as in the seed). Each point warms up until
+//! swapping is steady (the swap-out rate of three consecutive intervals within
+//! 30% of each other, bounded by a maximum warmup), then measures.
+//!
+//! Variants: `mmkit` and its swap presets (`mmkit-swap-2019`, `-2020`, `-6.18`),
+//! and `kernel`, the same loop in a child process in a memory cgroup swapping to
+//! a loop device over tmpfs (`pmbench_kernel`, `swap_host`).
+//!
+//! The access loop (`AccessLoop`) and the phase driver (`drive`) are shared by
+//! both sides: the driver's threads read one phase word (warmup, measure, stop)
+//! that a controller flips; they count accesses and time one access in
+//! `SAMPLE_EVERY` only while measuring. An op is one 4-byte access.
+
+use super::host::now_ns;
+use super::{Figure, Metric, Workload, XorShift};
+use crate::peers::{Peer, VariantInfo};
+use crate::runner::{self, Config, Timing};
+use crossbeam_utils::CachePadded;
+use hdrhistogram::Histogram;
+use mmkit::{Mm, Space};
+use serde_json::{Map, Value};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+/// The working sets together, in arenas.
+pub const WSS_FACTOR: usize = 4;
+/// The arena (mmkit) and the cgroup's limit (kernel), full run.
+pub const ARENA: usize = 512 << 20;
+/// The same with `--quick`.
+pub const QUICK_ARENA: usize = 32 << 20;
+/// Writes, in percent of accesses.
+pub const WRITE_PCT: u64 = 20;
+/// One access in this many is timed while measuring.
+pub const SAMPLE_EVERY: u64 = 64;
+/// Latency samples kept per thread (a ring: the latest).
+pub const MAX_SAMPLES: usize = 1 << 16;
+/// Accesses between two reads of the phase word.
+const BATCH: u64 = 256;
+
+pub const ACCESSES_PER_SEC: Metric = Metric {
+    name: "accesses_per_sec",
+    unit: "1/s",
+    description: "4-byte accesses (80% reads, 20% writes) per second, all threads summed: \
+                  the pmbench score",
+    higher_is_better: true,
+    mmkit_only: false,
+    hide_if_zero: false,
+};
+pub const SWAPIN_GB_PER_SEC: Metric = Metric {
+    name: "swapin_gb_per_sec",
+    unit: "GB/s",
+    description: "pages swapped in (pswpin) x 4096 bytes per second over the measured interval \
+                  (kernel: the host's /proc/vmstat)",
+    higher_is_better: true,
+    mmkit_only: false,
+    hide_if_zero: false,
+};
+pub const SWAPOUT_GB_PER_SEC: Metric = Metric {
+    name: "swapout_gb_per_sec",
+    unit: "GB/s",
+    description: "pages swapped out (pswpout) x 4096 bytes per second over the measured \
+                  interval (kernel: the host's /proc/vmstat)",
+    higher_is_better: true,
+    mmkit_only: false,
+    hide_if_zero: false,
+};
+pub const LATENCY_P50: Metric = Metric {
+    name: "access_latency_p50_ns",
+    unit: "ns",
+    description: "median latency of one access (one access in 64 timed while measuring)",
+    higher_is_better: false,
+    mmkit_only: false,
+    hide_if_zero: false,
+};
+pub const LATENCY_P99: Metric = Metric {
+    name: "access_latency_p99_ns",
+    unit: "ns",
+    description: "99th percentile latency of one access (the same samples)",
+    higher_is_better: false,
+    mmkit_only: false,
+    hide_if_zero: false,
+};
+pub const SWAP_CACHE_LOCK_PCT: Metric = Metric {
+    name: "swap_cache_lock_contended_pct",
+    unit: "%",
+    description: "swap-cache lock acquisitions (trunk locks; the cluster locks that guard the \
+                  table) that found the lock held, in percent",
+    higher_is_better: false,
+    mmkit_only: true,
+    hide_if_zero: false,
+};
+pub const SWAP_LOCK_PCT: Metric = Metric {
+    name: "swap_lock_contended_pct",
+    unit: "%",
+    description: "swap device and cluster lock acquisitions that found the lock held, in percent",
+    higher_is_better: false,
+    mmkit_only: true,
+    hide_if_zero: false,
+};
+pub const LRU_LOCK_PCT: Metric = Metric {
+    name: "lru_lock_contended_pct",
+    unit: "%",
+    description: "LRU lock acquisitions that found the lock held, in percent",
+    higher_is_better: false,
+    mmkit_only: true,
+    hide_if_zero: false,
+};
+
+const METRICS: &[Metric] = &[
+    ACCESSES_PER_SEC,
+    SWAPIN_GB_PER_SEC,
+    SWAPOUT_GB_PER_SEC,
+    LATENCY_P50,
+    LATENCY_P99,
+    SWAP_CACHE_LOCK_PCT,
+    SWAP_LOCK_PCT,
+    LRU_LOCK_PCT,
+];
+
+const VARIANTS: &[VariantInfo] = &[
+    VariantInfo {
+        name: "mmkit",
+        description: "mmkit, default policies: swap table and per-CPU clusters, RAM swap device",
+    },
+    VariantInfo {
+        name: "mmkit-swap-2019",
+        description: "mmkit with Linux's swap before seed 002: one shared scan cursor, swap \
+                      cache in 64 MiB trunks",
+    },
+    VariantInfo {
+        name: "mmkit-swap-2020",
+        description: "mmkit with seed 002: per-CPU cursors jumping to random trunks, trunks",
+    },
+    VariantInfo {
+        name: "mmkit-swap-6.18",
+        description: "mmkit as Linux 6.18: per-CPU clusters, the swap table, Linux's LRU",
+    },
+    VariantInfo {
+        name: "kernel",
+        description: "the host kernel: the same loop in a child process, in a memory cgroup \
+                      limited to the arena, swapping to a loop device over tmpfs (needs root)",
+    },
+];
+
+/// Why the mmkit variants have no figures in this build.
+pub const MMKIT_SWAP_MISSING: &str = "not measured: swap not available in this build \
+     (Mm::swapon is not in the library yet)";
+
+/// The arena under `timing`.
+pub fn arena(quick: bool) -> usize {
+    if quick {
+        QUICK_ARENA
+    } else {
+        ARENA
+    }
+}
+
+/// Each thread's working set when `threads` share `WSS_FACTOR` arenas (whole
+/// pages).
+pub fn wss_per_thread(arena: usize, threads: usize) -> usize {
+    (arena * WSS_FACTOR / threads.max(1)) / 4096 * 4096
+}
+
+/// The swap device: the working sets and a sixteenth more.
+pub fn swap_bytes(arena: usize) -> usize {
+    let wss = arena * WSS_FACTOR;
+    wss + wss / 16
+}
+
+/// How a point is paced: warmup bounds, the steadiness check's interval and the
+/// measured interval.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    pub min_warmup: Duration,
+    pub max_warmup: Duration,
+    pub interval: Duration,
+    pub duration: Duration,
+}
+
+impl Plan {
+    /// Quick: 0.2..2 s of warmup; full: 1..20 s; at least the run's warmup.
+    pub fn of(timing: &Timing) -> Plan {
+        let (min, max, interval) = if timing.quick {
+            (200, 2_000, 50)
+        } else {
+            (1_000, 20_000, 200)
+        };
+        Plan {
+            min_warmup: timing.warmup.max(Duration::from_millis(min)),
+            max_warmup: Duration::from_millis(max).max(timing.warmup),
+            interval: Duration::from_millis(interval),
+            duration: timing.duration,
+        }
+    }
+}
+
+/// Memory the access loop works on: `len` bytes from offset 0.
+pub trait Memory {
+    fn len(&self) -> u64;
+    /// Reads the 4 bytes at `off` (4-aligned, below `len`); false on failure.
+    fn read4(&mut self, off: u64) -> bool;
+    /// Writes `v` to the 4 bytes at `off`; false on failure.
+    fn write4(&mut self, off: u64, v: u32) -> bool;
+}
+
+/// One thread's uniformly random 80/20 read/write loop over its `Memory`.
+pub struct AccessLoop<M: Memory> {
+    mem: M,
+    rng: XorShift,
+    pages: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub failures: u64,
+    /// Timed accesses, ns (a ring of `MAX_SAMPLES`).
+    pub samples: Vec<u32>,
+    timed: u64,
+    n: u64,
+}
+
+impl<M: Memory> AccessLoop<M> {
+    pub fn new(mem: M, seed: u64) -> Self {
+        let pages = (mem.len() / 4096).max(1);
+        AccessLoop {
+            mem,
+            rng: XorShift::new(seed),
+            pages,
+            reads: 0,
+            writes: 0,
+            failures: 0,
+            samples: Vec::new(),
+            timed: 0,
+            n: 0,
+        }
+    }
+
+    #[inline]
+    fn one(&mut self) -> bool {
+        let r = self.rng.next_u64();
+        // The page: the high 64 bits of r * pages (uniform, no division).
+        let page = ((u128::from(r) * u128::from(self.pages)) >> 64) as u64;
+        let off = page * 4096 + (r & 1023) * 4;
+        if (r >> 10) % 100 < WRITE_PCT {
+            self.writes += 1;
+            self.mem.write4(off, r as u32)
+        } else {
+            self.reads += 1;
+            self.mem.read4(off)
+        }
+    }
+
+    /// Does `count` accesses (timing one in `SAMPLE_EVERY` if `measure`);
+    /// returns how many succeeded.
+    pub fn batch(&mut self, count: u64, measure: bool) -> u64 {
+        let mut ok = 0;
+        for _ in 0..count {
+            self.n += 1;
+            let good = if measure && self.n.is_multiple_of(SAMPLE_EVERY) {
+                let t0 = now_ns();
+                let g = self.one();
+                let ns = u32::try_from(now_ns().saturating_sub(t0)).unwrap_or(u32::MAX);
+                let i = (self.timed % MAX_SAMPLES as u64) as usize;
+                if i < self.samples.len() {
+                    self.samples[i] = ns;
+                } else {
+                    self.samples.push(ns);
+                }
+                self.timed += 1;
+                g
+            } else {
+                self.one()
+            };
+            if good {
+                ok += 1;
+            } else {
+                self.failures += 1;
+            }
+        }
+        ok
+    }
+}
+
+/// The phases of a point, as the threads read them.
+pub const WARMUP: u8 = 0;
+pub const MEASURE: u8 = 1;
+pub const STOP: u8 = 2;
+
+/// What the threads of one point did while measuring.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    pub accesses: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub failures: u64,
+    pub elapsed: Duration,
+    pub samples: Vec<u32>,
+}
+
+/// Runs an `AccessLoop` per memory on its own (pinned) thread while `control`
+/// flips the phase to `MEASURE` and then `STOP`; `control` returns the measured
+/// interval. Counts only what was done while measuring.
+pub fn drive<M: Memory + Send>(
+    mems: Vec<M>,
+    seed: u64,
+    control: impl FnOnce(&AtomicU8) -> Duration,
+) -> Outcome {
+    let phase = CachePadded::new(AtomicU8::new(WARMUP));
+    let cpus = runner::allowed_cpus();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = mems
+            .into_iter()
+            .enumerate()
+            .map(|(i, mem)| {
+                let (phase, cpus) = (&phase, &cpus);
+                s.spawn(move || {
+                    if !cpus.is_empty() {
+                        runner::pin_to_cpu(cpus[i % cpus.len()]);
+                    }
+                    let mut lp = AccessLoop::new(mem, seed.wrapping_add(i as u64 * 7919));
+                    let (mut acc, mut r0, mut w0, mut f0) = (0, 0, 0, 0);
+                    let mut measuring = false;
+                    loop {
+                        let ph = phase.load(Ordering::Relaxed);
+                        if ph == STOP {
+                            break;
+                        }
+                        if ph == MEASURE && !measuring {
+                            measuring = true;
+                            (r0, w0, f0) = (lp.reads, lp.writes, lp.failures);
+                        }
+                        let n = lp.batch(BATCH, measuring);
+                        if measuring {
+                            acc += n;
+                        }
+                    }
+                    if !measuring {
+                        (r0, w0, f0) = (lp.reads, lp.writes, lp.failures);
+                    }
+                    Outcome {
+                        accesses: acc,
+                        reads: lp.reads - r0,
+                        writes: lp.writes - w0,
+                        failures: lp.failures - f0,
+                        elapsed: Duration::ZERO,
+                        samples: lp.samples,
+                    }
+                })
+            })
+            .collect();
+        let elapsed = control(&phase);
+        phase.store(STOP, Ordering::Relaxed);
+        let mut out = Outcome {
+            elapsed,
+            ..Outcome::default()
+        };
+        for h in handles {
+            let o = h.join().expect("pmbench thread panicked");
+            out.accesses += o.accesses;
+            out.reads += o.reads;
+            out.writes += o.writes;
+            out.failures += o.failures;
+            out.samples.extend(o.samples);
+        }
+        out
+    })
+}
+
+/// Steadiness of swapping from the cumulative swap-in and swap-out counters
+/// sampled at intervals: steady once the last three swap-in rates are non-zero
+/// and within 30% of each other, and the last one is at least half the swap-out
+/// rate (while the working sets are still being filled, pages go out and few
+/// come back).
+#[derive(Default)]
+pub struct Steady {
+    last: Option<(f64, u64, u64)>,
+    rates: Vec<(f64, f64)>,
+}
+
+impl Steady {
+    /// Adds a sample (seconds since start, pswpin, pswpout); true when steady.
+    pub fn feed(&mut self, t: f64, ins: u64, outs: u64) -> bool {
+        if let Some((t0, i0, o0)) = self.last {
+            let dt = (t - t0).max(1e-9);
+            let r = |a: u64, b: u64| a.saturating_sub(b) as f64 / dt;
+            self.rates.push((r(ins, i0), r(outs, o0)));
+        }
+        self.last = Some((t, ins, outs));
+        let Some(last3) = self.rates.len().checked_sub(3).map(|i| &self.rates[i..]) else {
+            return false;
+        };
+        let min = last3.iter().map(|r| r.0).fold(f64::INFINITY, f64::min);
+        let max = last3.iter().map(|r| r.0).fold(0.0, f64::max);
+        let (i, o) = last3[2];
+        min > 0.0 && max <= min * 1.3 && i >= 0.5 * o
+    }
+}
+
+/// Waits until `counters()` (pswpin, pswpout) says swapping is steady (after
+/// `min_warmup`) or `max_warmup` passed; true if it became steady. `alive` is
+/// polled too: a false ends the warmup (the child died).
+pub fn warm_up(
+    plan: &Plan,
+    mut counters: impl FnMut() -> (u64, u64),
+    mut alive: impl FnMut() -> bool,
+) -> bool {
+    let t0 = Instant::now();
+    let mut st = Steady::default();
+    loop {
+        std::thread::sleep(plan.interval);
+        let t = t0.elapsed();
+        let (i, o) = counters();
+        let steady = st.feed(t.as_secs_f64(), i, o);
+        if !alive() {
+            return false;
+        }
+        if steady && t >= plan.min_warmup {
+            return true;
+        }
+        if t >= plan.max_warmup {
+            return false;
+        }
+    }
+}
+
+/// Lock contention in percent of the swap cache, the swap device and
+/// clusters, and the LRU (mmkit variants).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LockPcts {
+    pub swap_cache: f64,
+    pub swap: f64,
+    pub lru: f64,
+}
+
+/// The p-th quantile (0..=1) of latency samples in ns; 0 without samples.
+pub fn quantile(samples: &[u32], q: f64) -> f64 {
+    let mut h = Histogram::<u64>::new_with_bounds(1, 1 << 40, 3).expect("valid bounds");
+    for &s in samples {
+        h.saturating_record(u64::from(s.max(1)));
+    }
+    if h.is_empty() {
+        0.0
+    } else {
+        h.value_at_quantile(q) as f64
+    }
+}
+
+/// The figures of one point: `o` from the threads, the pages swapped in and out
+/// over `swap_secs` (the controller's view of the measured interval).
+pub fn figures(
+    o: &Outcome,
+    swap_secs: f64,
+    swapin_pages: u64,
+    swapout_pages: u64,
+    locks: Option<LockPcts>,
+) -> Vec<Figure> {
+    let secs = o.elapsed.as_secs_f64().max(1e-9);
+    let mut out = vec![
+        Figure::new(ACCESSES_PER_SEC.name, o.accesses as f64 / secs),
+        Figure::new(
+            SWAPIN_GB_PER_SEC.name,
+            super::gb_per_sec(swapin_pages as f64 * 4096.0, swap_secs),
+        ),
+        Figure::new(
+            SWAPOUT_GB_PER_SEC.name,
+            super::gb_per_sec(swapout_pages as f64 * 4096.0, swap_secs),
+        ),
+        Figure::new(LATENCY_P50.name, quantile(&o.samples, 0.5)),
+        Figure::new(LATENCY_P99.name, quantile(&o.samples, 0.99)),
+    ];
+    if let Some(l) = locks {
+        out.push(Figure::new(SWAP_CACHE_LOCK_PCT.name, l.swap_cache));
+        out.push(Figure::new(SWAP_LOCK_PCT.name, l.swap));
+        out.push(Figure::new(LRU_LOCK_PCT.name, l.lru));
+    }
+    out
+}
+
+/// A working set in an mmkit `Space` of its own.
+#[allow(dead_code)] // used by `run_mmkit`, which waits for Mm::swapon (see `run`)
+pub struct MmkitMem {
+    space: Space,
+    base: u64,
+    len: u64,
+}
+
+#[allow(dead_code)] // see `MmkitMem`
+impl MmkitMem {
+    /// A `Space` of `mm` with `len` bytes mapped.
+    pub fn new(mm: &Mm, len: usize) -> Result<MmkitMem, mmkit::Error> {
+        let space = mm.new_space()?;
+        let base = space.mmap(len, mmkit::MapFlags::empty())?;
+        // Fill the working set first (pages go out in address order), as the
+        // kernel child does, so that the warmup starts from a full device.
+        for off in (0..len as u64).step_by(4096) {
+            space.write(base + off, &[1])?;
+        }
+        Ok(MmkitMem {
+            space,
+            base,
+            len: len as u64,
+        })
+    }
+}
+
+impl Memory for MmkitMem {
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn read4(&mut self, off: u64) -> bool {
+        let mut b = [0u8; 4];
+        self.space.read(self.base + off, &mut b).is_ok()
+    }
+    fn write4(&mut self, off: u64, v: u32) -> bool {
+        self.space.write(self.base + off, &v.to_le_bytes()).is_ok()
+    }
+}
+
+/// One point on mmkit: a `Space` per thread with its working set, warmed up
+/// until `counters()` (pswpin, pswpout) shows steady swapping, then measured.
+#[allow(dead_code)] // called from `run` once Mm::swapon lands (MMKIT_SWAP_MISSING)
+pub fn run_mmkit(
+    mm: &Mm,
+    threads: usize,
+    wss: usize,
+    plan: &Plan,
+    counters: impl Fn() -> (u64, u64),
+) -> Result<Vec<Figure>, String> {
+    let mems = (0..threads.max(1))
+        .map(|_| MmkitMem::new(mm, wss))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("mapping the working sets: {e}"))?;
+    let mut swap = (0, 0, 0.0);
+    let o = drive(mems, 0x5eed, |phase| {
+        if !warm_up(plan, &counters, || true) {
+            eprintln!("note: pmbench mmkit: swapping not steady after the maximum warmup");
+        }
+        let c0 = counters();
+        let t0 = Instant::now();
+        phase.store(MEASURE, Ordering::Relaxed);
+        std::thread::sleep(plan.duration);
+        phase.store(STOP, Ordering::Relaxed);
+        let e = t0.elapsed();
+        let c1 = counters();
+        swap = (c1.0 - c0.0, c1.1 - c0.1, e.as_secs_f64());
+        e
+    });
+    Ok(figures(&o, swap.2, swap.0, swap.1, None))
+}
+
+pub struct Pmbench;
+
+impl Workload for Pmbench {
+    fn name(&self) -> &'static str {
+        "pmbench"
+    }
+
+    fn description(&self) -> &'static str {
+        "pmbench as seed 002 ran it: a space per thread, uniformly random 4-byte accesses \
+         (80% reads) over working sets 4x the arena (512 MiB; quick: 32 MiB), swap on a RAM \
+         device just large enough; warmed up until swapping is steady; an op is one access"
+    }
+
+    fn metrics(&self) -> &'static [Metric] {
+        METRICS
+    }
+
+    fn default_threads(&self) -> &'static [usize] {
+        &[1, 2, 4, 8, 16]
+    }
+
+    fn quick_threads(&self) -> &'static [usize] {
+        &[1, 2]
+    }
+
+    fn own_variants(&self) -> Option<&'static [VariantInfo]> {
+        Some(VARIANTS)
+    }
+
+    fn mmkit_arena(&self, config: &Config) -> usize {
+        arena(config.timing.quick)
+    }
+
+    fn build(&self, variant: &str, _config: &Config) -> anyhow::Result<Peer> {
+        let Some(info) = VARIANTS.iter().find(|v| v.name == variant) else {
+            anyhow::bail!("unknown variant {variant:?} for pmbench");
+        };
+        // The mmkit variants need `Mm::swapon`; until the library has it they
+        // are placeholders that `run` reports as not measured.
+        Ok(Peer::Native(info.name))
+    }
+
+    fn params_for(&self, config: &Config) -> Map<String, Value> {
+        let a = arena(config.timing.quick);
+        let mut p = Map::new();
+        p.insert("memory_bytes".into(), (a as u64).into());
+        p.insert("wss_total_bytes".into(), ((a * WSS_FACTOR) as u64).into());
+        p.insert("swap_bytes".into(), (swap_bytes(a) as u64).into());
+        p.insert("write_pct".into(), WRITE_PCT.into());
+        let dev = match &config.swap_file {
+            Some(f) => format!("file:{}", f.display()),
+            None => "ram".into(),
+        };
+        p.insert("swap".into(), dev.into());
+        p
+    }
+
+    fn run(&self, peer: &Peer, threads: usize, timing: &Timing) -> Vec<Figure> {
+        let name = peer.native().unwrap_or("mmkit");
+        let plan = Plan::of(timing);
+        let a = arena(timing.quick);
+        let r = match name {
+            "kernel" => super::pmbench_kernel::run_point(threads, a, &plan),
+            _ => Err(MMKIT_SWAP_MISSING.to_string()),
+        };
+        r.unwrap_or_else(|why| {
+            eprintln!("note: pmbench {name} at {threads} threads skipped: {why}");
+            Vec::new()
+        })
+    }
+
+    fn repeatable(&self) -> bool {
+        // A point's warmup can take many seconds; one round per point.
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Plain host memory for the loop's tests.
+    struct VecMem(Vec<u32>);
+
+    impl Memory for VecMem {
+        fn len(&self) -> u64 {
+            self.0.len() as u64 * 4
+        }
+        fn read4(&mut self, off: u64) -> bool {
+            std::hint::black_box(self.0[(off / 4) as usize]);
+            true
+        }
+        fn write4(&mut self, off: u64, v: u32) -> bool {
+            self.0[(off / 4) as usize] = v | 1;
+            true
+        }
+    }
+
+    #[test]
+    fn the_mix_is_80_20_and_uniform() {
+        let pages = 64;
+        let mut lp = AccessLoop::new(VecMem(vec![0; pages * 1024]), 3);
+        assert_eq!(lp.batch(100_000, true), 100_000);
+        let w = lp.writes as f64 / 100_000.0;
+        assert!((0.19..0.21).contains(&w), "write share {w}");
+        assert_eq!(lp.reads + lp.writes, 100_000);
+        assert_eq!(lp.samples.len(), (100_000 / SAMPLE_EVERY) as usize);
+        // Every page was written some time (uniform over the pages).
+        let touched = (0..pages)
+            .filter(|p| lp.mem.0[p * 1024..(p + 1) * 1024].iter().any(|&x| x != 0))
+            .count();
+        assert_eq!(touched, pages);
+        // Warmup accesses are not timed.
+        let before = lp.samples.len();
+        lp.batch(1000, false);
+        assert_eq!(lp.samples.len(), before);
+    }
+
+    #[test]
+    fn figures_of_a_small_case() {
+        let o = Outcome {
+            accesses: 2_000_000,
+            reads: 1_600_000,
+            writes: 400_000,
+            failures: 0,
+            elapsed: Duration::from_secs(2),
+            samples: (1..=100).map(|x| x * 10).collect(),
+        };
+        let f = figures(&o, 2.0, 500_000, 250_000, None);
+        let get = |n: &str| f.iter().find(|x| x.metric == n).unwrap().value;
+        assert_eq!(get("accesses_per_sec"), 1e6);
+        assert!((get("swapin_gb_per_sec") - 1.024).abs() < 1e-9);
+        assert!((get("swapout_gb_per_sec") - 0.512).abs() < 1e-9);
+        assert!((get("access_latency_p50_ns") - 500.0).abs() <= 1.0);
+        assert!((get("access_latency_p99_ns") - 990.0).abs() <= 1.0);
+        assert!(f.iter().all(|x| !x.metric.ends_with("contended_pct")));
+        let l = LockPcts {
+            swap_cache: 1.0,
+            swap: 2.0,
+            lru: 3.0,
+        };
+        let f = figures(&o, 2.0, 0, 0, Some(l));
+        assert_eq!(f.len(), METRICS.len());
+        assert_eq!(quantile(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn steadiness() {
+        let mut s = Steady::default();
+        assert!(!s.feed(0.0, 0, 0));
+        assert!(!s.feed(1.0, 100, 100));
+        assert!(!s.feed(2.0, 300, 300), "two rates are not enough");
+        assert!(!s.feed(3.0, 400, 400), "100, 200, 100: not steady");
+        assert!(!s.feed(4.0, 510, 510));
+        assert!(s.feed(5.0, 615, 615), "100, 110, 105");
+        let mut z = Steady::default();
+        assert!((0..6).all(|i| !z.feed(f64::from(i), 0, 0)), "no swapping");
+        // Filling: steady swap-in, but far more going out.
+        let mut f = Steady::default();
+        assert!((0..6u32).all(|i| !f.feed(f64::from(i), u64::from(i) * 10, u64::from(i) * 100)));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(wss_per_thread(32 << 20, 2), 64 << 20);
+        assert_eq!(wss_per_thread(32 << 20, 3) % 4096, 0);
+        assert_eq!(swap_bytes(32 << 20), 136 << 20);
+        let p = Plan::of(&Timing {
+            warmup: Duration::from_millis(30),
+            duration: Duration::from_millis(150),
+            quick: true,
+        });
+        assert!(p.min_warmup < p.max_warmup && p.max_warmup <= Duration::from_secs(2));
+    }
+
+    /// The mmkit side of the loop on a working set that fits the arena (no
+    /// swap): it measures accesses and latencies, and swaps nothing.
+    #[test]
+    fn mmkit_loop_without_swap() {
+        let mm = Mm::builder().memory(32 << 20).build().unwrap();
+        let plan = Plan {
+            min_warmup: Duration::from_millis(10),
+            max_warmup: Duration::from_millis(30),
+            interval: Duration::from_millis(10),
+            duration: Duration::from_millis(50),
+        };
+        let f = run_mmkit(&mm, 2, 2 << 20, &plan, || (0, 0)).unwrap();
+        let get = |n: &str| f.iter().find(|x| x.metric == n).unwrap().value;
+        assert!(get("accesses_per_sec") > 0.0);
+        assert!(get("access_latency_p99_ns") >= get("access_latency_p50_ns"));
+        assert_eq!(get("swapin_gb_per_sec"), 0.0);
+    }
+}
