@@ -612,6 +612,10 @@ impl Workload for Pmbench {
         let plan = Plan::of(timing);
         let a = arena(timing.quick);
         let r = match name {
+            "kernel" if timing.quick && !super::swap_host::host_swap_opted_in() => Err(
+                "not under --quick: it turns swap on for the whole host (set MMLAB_HOST_SWAP=1 to run it)"
+                    .to_string(),
+            ),
             "kernel" => super::pmbench_kernel::run_point(threads, a, &plan),
             _ => Err(MMKIT_SWAP_MISSING.to_string()),
         };

@@ -377,6 +377,10 @@ mod tests {
     /// A small kernel point: it measures (or says why not) and leaves nothing.
     #[test]
     fn kernel_point_measures_and_tears_down() {
+        if !super::super::swap_host::host_swap_opted_in() {
+            eprintln!("skipped: set MMLAB_HOST_SWAP=1 to set up swap on this host");
+            return;
+        }
         let plan = Plan {
             min_warmup: Duration::from_millis(50),
             max_warmup: Duration::from_millis(500),
