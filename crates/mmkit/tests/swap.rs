@@ -488,3 +488,28 @@ fn every_swap_variant_round_trips() {
         mm.check().unwrap();
     }
 }
+
+/// On an emulated two-node topology each node's LRU is reclaimed: a space
+/// larger than the arena keeps its content with kswapd per node and direct
+/// reclaim.
+#[test]
+fn two_nodes_swap_per_node() {
+    let mm = Mm::builder()
+        .memory(32 * MIB)
+        .topology(mmkit::Topology::emulated(2))
+        .build()
+        .unwrap();
+    assert_eq!(mm.nr_nodes(), 2);
+    mm.swapon(SwapDevice::ram(64 << 20)).unwrap();
+    let s = mm.new_space().unwrap();
+    let pages = (48 * MIB / PAGE_SIZE) as u64;
+    let a = s
+        .mmap(pages as usize * PAGE_SIZE, MapFlags::empty())
+        .unwrap();
+    fill(&s, a, pages, 9);
+    verify(&s, a, pages, 9);
+    assert!(used_swap(&mm) > 0);
+    drop(s);
+    assert_eq!(used_swap(&mm), 0);
+    mm.check().unwrap();
+}
