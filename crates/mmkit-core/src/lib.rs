@@ -16,6 +16,7 @@ pub mod clear;
 pub mod compaction;
 pub mod config;
 pub mod gfp;
+pub mod lru;
 pub mod node;
 pub mod page;
 mod page_alloc;

@@ -107,6 +107,32 @@ vm_events! {
     /// Of `pgmigrate_fail`: pages pinned by an extra reference or an access in
     /// progress, left where they are.
     PgMigratePinned = "pgmigrate_fail_pinned",
+    /// Pages read back from swap and verified (`pswpin`).
+    PswpIn = "pswpin",
+    /// Pages written to swap (`pswpout`).
+    PswpOut = "pswpout",
+    /// Inactive pages scanned by kswapd.
+    PgScanKswapd = "pgscan_kswapd",
+    /// Inactive pages scanned by direct reclaim.
+    PgScanDirect = "pgscan_direct",
+    /// Pages reclaimed by kswapd.
+    PgStealKswapd = "pgsteal_kswapd",
+    /// Pages reclaimed by direct reclaim.
+    PgStealDirect = "pgsteal_direct",
+    /// Inactive pages moved to the active list (referenced).
+    PgActivate = "pgactivate",
+    /// Active pages moved to the inactive list (not referenced).
+    PgDeactivate = "pgdeactivate",
+    /// Allocations that entered direct reclaim.
+    AllocStall = "allocstall",
+    /// Pages read ahead from swap.
+    SwapRa = "swap_ra",
+    /// Swap faults served by a page read ahead.
+    SwapRaHit = "swap_ra_hit",
+    /// Swap-ins refused for a checksum mismatch (mmkit's own).
+    SwapChecksumFail = "swap_checksum_fail",
+    /// Swap reads and writes the device refused (mmkit's own).
+    SwapIoError = "swap_io_error",
 }
 
 /// Number of vmstat events.

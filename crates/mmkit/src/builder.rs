@@ -18,7 +18,9 @@ use mmkit_core::{
 
 use crate::compaction::{self, CompactConfig};
 use crate::kthread::Kthread;
+use crate::swapfile::SwapDevices;
 use crate::{arena, numa, platform, ClearStrategy, Error, Mm, MmInner, StdPlatform, Topology};
+use crate::{SwapAllocPolicy, SwapCacheIndex};
 
 /// The named policy sets the lab compares.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -36,15 +38,26 @@ pub enum Variant {
     /// order 0 and poor for huge pages; compaction migrates as for the others but
     /// has no merge step.
     MmkitNoMerge,
+    /// `Mmkit`'s allocator with swap as Linux had it before the seed:
+    /// [`SwapAllocPolicy::SharedCursor`] and [`SwapCacheIndex::Trunks`].
+    MmkitSwap2019,
+    /// The seed (2020): [`SwapAllocPolicy::PerCpuCursor`] and
+    /// [`SwapCacheIndex::Trunks`].
+    MmkitSwap2020,
+    /// Linux 6.18: [`SwapAllocPolicy::PerCpuCluster`] and [`SwapCacheIndex::Table`].
+    MmkitSwap618,
 }
 
 impl Variant {
     /// All variants.
-    pub const ALL: [Variant; 4] = [
+    pub const ALL: [Variant; 7] = [
         Variant::Mmkit,
         Variant::MmkitEager,
         Variant::MmkitNoPcp,
         Variant::MmkitNoMerge,
+        Variant::MmkitSwap2019,
+        Variant::MmkitSwap2020,
+        Variant::MmkitSwap618,
     ];
     /// The lab name.
     pub const fn name(self) -> &'static str {
@@ -53,6 +66,9 @@ impl Variant {
             Variant::MmkitEager => "mmkit-eager",
             Variant::MmkitNoPcp => "mmkit-nopcp",
             Variant::MmkitNoMerge => "mmkit-nomerge",
+            Variant::MmkitSwap2019 => "mmkit-swap-2019",
+            Variant::MmkitSwap2020 => "mmkit-swap-2020",
+            Variant::MmkitSwap618 => "mmkit-swap-6.18",
         }
     }
     /// From a lab name.
@@ -63,13 +79,25 @@ impl Variant {
     /// the Linux baselines.
     pub const fn fault_around(self) -> usize {
         match self {
-            Variant::Mmkit | Variant::MmkitNoMerge => 16,
             Variant::MmkitEager | Variant::MmkitNoPcp => 1,
+            _ => 16,
+        }
+    }
+    /// Swap-slot allocation and swap-cache index (mmkit's: per-CPU clusters and
+    /// the per-cluster table, as Linux 6.18).
+    pub const fn swap_policies(self) -> (SwapAllocPolicy, SwapCacheIndex) {
+        match self {
+            Variant::MmkitSwap2019 => (SwapAllocPolicy::SharedCursor, SwapCacheIndex::Trunks),
+            Variant::MmkitSwap2020 => (SwapAllocPolicy::PerCpuCursor, SwapCacheIndex::Trunks),
+            _ => (SwapAllocPolicy::PerCpuCluster, SwapCacheIndex::Table),
         }
     }
     fn apply(self, c: &mut Config) {
         let (pcp, merge, refill, high) = match self {
-            Variant::Mmkit => (
+            Variant::Mmkit
+            | Variant::MmkitSwap2019
+            | Variant::MmkitSwap2020
+            | Variant::MmkitSwap618 => (
                 PcpPolicy::On,
                 MergePolicy::Lazy,
                 RefillPolicy::Cluster,
@@ -96,7 +124,7 @@ impl Variant {
         };
         c.pcp = pcp;
         // The lock-free per-CPU caches are mmkit's; the baselines are Linux's lists.
-        c.pcp_cache = matches!(self, Variant::Mmkit | Variant::MmkitNoMerge);
+        c.pcp_cache = !matches!(self, Variant::MmkitEager | Variant::MmkitNoPcp);
         c.merge = merge;
         c.refill = refill;
         c.pcp_high = high;
@@ -115,6 +143,9 @@ pub struct MmBuilder {
     fault_around: usize,
     compact: CompactConfig,
     topology: Option<Topology>,
+    swap_alloc: SwapAllocPolicy,
+    swap_cache: SwapCacheIndex,
+    kswapd: bool,
 }
 
 /// A quarter of RAM, capped at 4 GiB.
@@ -147,6 +178,9 @@ impl MmBuilder {
             fault_around: Variant::Mmkit.fault_around(),
             compact: CompactConfig::default(),
             topology: None,
+            swap_alloc: SwapAllocPolicy::PerCpuCluster,
+            swap_cache: SwapCacheIndex::Table,
+            kswapd: true,
         }
     }
 
@@ -160,6 +194,25 @@ impl MmBuilder {
         self
     }
 
+    /// How swap slots are allocated (default [`SwapAllocPolicy::PerCpuCluster`]).
+    pub fn swap_alloc(mut self, p: SwapAllocPolicy) -> Self {
+        self.swap_alloc = p;
+        self
+    }
+
+    /// How the swap cache is indexed (default [`SwapCacheIndex::Table`]).
+    pub fn swap_cache(mut self, i: SwapCacheIndex) -> Self {
+        self.swap_cache = i;
+        self
+    }
+
+    /// The background reclaim threads, one kswapd per node (default on; off,
+    /// only direct reclaim frees memory).
+    pub fn kswapd(mut self, on: bool) -> Self {
+        self.kswapd = on;
+        self
+    }
+
     /// Arena size in bytes (rounded down to 4 KiB; at least 2 MiB).
     pub fn memory(mut self, bytes: usize) -> Self {
         self.memory = Some(bytes);
@@ -169,6 +222,7 @@ impl MmBuilder {
     pub fn variant(mut self, v: Variant) -> Self {
         v.apply(&mut self.cfg);
         self.fault_around = v.fault_around();
+        (self.swap_alloc, self.swap_cache) = v.swap_policies();
         self
     }
     /// Anonymous fault-around: a fault on an order-0 mapping also populates up to
@@ -276,6 +330,12 @@ impl MmBuilder {
         }
         .map_err(|e| Error::Config(e.to_string()))?;
         let node_access = numa::AccessCounters::new(topology.nr_nodes(), self.cfg.nr_cpus);
+        let nr_nodes = alloc.nr_nodes();
+        let nr_cpus = self.cfg.nr_cpus;
+        let mut wmark_high = vec![0; nr_nodes];
+        for z in alloc.zone_info() {
+            wmark_high[z.node.min(nr_nodes - 1)] += z.wmark[2];
+        }
         let inner = Arc::new(MmInner {
             alloc,
             arena,
@@ -291,7 +351,14 @@ impl MmBuilder {
             id: NEXT_MM_ID.fetch_add(1, Ordering::Relaxed),
             node_access,
             numa_note,
+            lru: crate::lru::Lru::new(nr_pages, nr_nodes, nr_cpus),
+            swap: SwapDevices::new(self.swap_alloc, self.swap_cache, nr_cpus),
+            kswapd: (0..if self.kswapd { nr_nodes } else { 0 })
+                .map(|_| Kthread::new())
+                .collect(),
+            wmark_high,
         });
+        crate::kswapd::start_kswapd(&inner);
         if self.cfg.pcp == PcpPolicy::On && self.cfg.pcp_high == PcpHighPolicy::Auto {
             start_vmstat_worker(&inner);
         }

@@ -311,7 +311,13 @@ impl<'a> AllocHooks<'a> {
 }
 
 impl SlowPathHooks for AllocHooks<'_> {
-    // `wake_kswapd` stays the default no-op until there is a kswapd.
+    fn wake_kswapd(&self, _order: u32) {
+        self.mm.wakeup_kswapd();
+    }
+
+    fn direct_reclaim(&self, _order: u32) -> u64 {
+        crate::vmscan::direct_reclaim(self.mm)
+    }
 
     fn wake_kcompactd(&self, order: u32) {
         self.mm.wakeup_kcompactd(order);

@@ -94,6 +94,39 @@ pub enum Error {
         /// The length asked for.
         len: u64,
     },
+    /// Reading a page back from swap failed (the device refused the read): the
+    /// access did nothing and the page stays on swap, so a later access retries.
+    #[error("swap-in at {addr:#x} failed (swap type {swap_type}, slot {offset}): {reason}; the data stays on swap, retry the access")]
+    SwapIo {
+        /// The faulting address.
+        addr: u64,
+        /// The swap device's type.
+        swap_type: u32,
+        /// The slot.
+        offset: u64,
+        /// What the device said.
+        reason: String,
+    },
+    /// A page read back from swap did not match the checksum written with it: it
+    /// is not handed back as data (counted as `swap_checksum_fail`).
+    #[error("swap-in at {addr:#x}: swap type {swap_type} slot {offset} is corrupt (CRC32C {found:#010x}, written {expected:#010x})")]
+    SwapCorrupt {
+        /// The faulting address.
+        addr: u64,
+        /// The swap device's type.
+        swap_type: u32,
+        /// The slot.
+        offset: u64,
+        /// The checksum written with the page.
+        expected: u32,
+        /// The checksum of what was read.
+        found: u32,
+    },
+    /// A `swapon` or `swapoff` was refused (bad size, priority, path, duplicate
+    /// file, unknown id, or not enough memory to bring the pages back); nothing
+    /// changed.
+    #[error("{0}")]
+    Swap(String),
     /// A fault could not be handled (or an address-space call was made from inside
     /// a `with_page` closure).
     #[error("fault at {addr:#x} not handled: {reason}")]

@@ -29,14 +29,13 @@ mod arena;
 mod builder;
 mod compaction;
 mod error;
+mod kswapd;
 mod kthread;
+mod lru;
 mod mempolicy;
 mod migrate;
 mod numa;
 mod numa_balancing;
-// The swap layer (issue 13): devices, map, cache and I/O; Mm::swapon and
-// reclaim are wired on top in a later step, so parts are still unused.
-#[allow(dead_code)]
 mod page_io;
 mod pgtable;
 mod platform;
@@ -44,16 +43,13 @@ mod registry;
 mod rmap;
 mod rseq;
 mod space;
-#[allow(dead_code)]
 mod swap_cluster;
-#[allow(dead_code)]
 mod swap_lock;
-#[allow(dead_code)]
 mod swap_state;
-#[allow(dead_code)]
 mod swapfile;
 mod topology;
 mod views;
+mod vmscan;
 
 use std::sync::Arc;
 
@@ -120,6 +116,14 @@ struct MmInner {
     node_access: numa::AccessCounters,
     /// Why the arena's parts could not be bound to their nodes, if they could not.
     numa_note: Option<String>,
+    /// The anonymous LRU lists and their per-CPU add batches (`lru.rs`).
+    lru: lru::Lru,
+    /// The swap devices that are on (`swapfile.rs`).
+    swap: swapfile::SwapDevices,
+    /// One kswapd per node (`kswapd.rs`); empty when turned off.
+    kswapd: Vec<Kthread<bool>>,
+    /// Per node, the high watermark summed over its zones (kswapd's goal).
+    wmark_high: Vec<u64>,
 }
 
 /// A memory manager over one arena. Cheap to clone; clones share the allocator.
@@ -324,7 +328,9 @@ impl Mm {
     /// for a quiescent allocator: a block being freed or moved between lists by
     /// another thread at that moment is in neither place and is reported.
     pub fn check(&self) -> Result<(), Error> {
-        self.inner.alloc.check().map_err(Error::Corrupt)
+        self.inner.alloc.check().map_err(Error::Corrupt)?;
+        self.inner.lru.check(self).map_err(Error::Corrupt)?;
+        self.inner.swap.check().map_err(Error::Corrupt)
     }
 
     /// Allocatable pages: on the buddy lists and the per-CPU lists.
@@ -400,6 +406,21 @@ impl Mm {
             self.inner.arena.backing(),
             self.inner.arena.fallback_note.clone(),
         )
+    }
+
+    /// The swap devices (`swapfile.rs`).
+    pub(crate) fn swap(&self) -> &swapfile::SwapDevices {
+        &self.inner.swap
+    }
+
+    /// The anonymous LRU (`lru.rs`).
+    pub(crate) fn lru(&self) -> &lru::Lru {
+        &self.inner.lru
+    }
+
+    /// LRU lock statistics, summed over nodes (like [`Mm::zone_lock_stats`]).
+    pub fn lru_lock_stats(&self) -> LockStats {
+        self.inner.lru.lock_stats()
     }
 
     /// The core allocator, for layers built on top.

@@ -93,6 +93,9 @@ fn migrate_one(
     if d.refcount().load(Ordering::Acquire) != 1 {
         return Err(MigrateError::Pinned);
     }
+    // A page kept in the swap cache leaves it (its slot is freed): the copy
+    // is mapped without one, dirty for swap.
+    mm.swapcache_drop(page);
     // 3. The migration entry.
     let Some((slot, cur)) = try_to_unmap_one(m, page, Pte::mk_migration) else {
         return Err(MigrateError::Changed);
@@ -124,8 +127,9 @@ fn migrate_one(
     }
     rmap::set(mm, dst, m.space.id(), m.vaddr);
     slot.store(mig.migration_done(dst).raw(), Ordering::Release);
-    // 6.
+    // 6. `dst` takes `src`'s place on the LRU (`lru.rs`) before `src` is freed.
     rmap::clear(mm, src);
+    mm.lru().replace(mm, src, dst);
     Ok(())
 }
 

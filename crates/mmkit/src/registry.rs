@@ -69,6 +69,16 @@ impl SpaceRegistry {
         r.free.push(id);
     }
 
+    /// Every live space (swapoff's walk).
+    pub(crate) fn all(&self) -> Vec<Space> {
+        let r = self.lock();
+        r.slots
+            .iter()
+            .flatten()
+            .filter_map(|w| w.upgrade().map(Space::from_inner))
+            .collect()
+    }
+
     /// The live space with this id (for the reverse-map walk, which starts from a
     /// page's `mapping` word).
     pub(crate) fn get(&self, id: u64) -> Option<Space> {

@@ -16,6 +16,10 @@
 //! where none is, and deleted only by naming the pfn it holds; `nr_cached` is the
 //! number of entries (per-CPU counters folded on read).
 //!
+//! A page in the swap cache has `PG_SWAPCACHE` and its entry in `swap_entry`;
+//! the page-side helpers (`Mm::swapcache_add`/`swapcache_drop`) change the
+//! three together, only under the page lock.
+//!
 //! Locking: `Trunks`: each trunk's map under its lock (statistics in
 //! `trunk_lock_stats`). `Table`: entries written under the cluster lock of the
 //! swap map (`SwapMap::lock_cluster`), read with `Acquire` loads.
@@ -27,7 +31,11 @@ use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use crossbeam_utils::CachePadded;
 use mmkit_core::{LockStats, Platform};
 
+use mmkit_core::page::PG_SWAPCACHE;
+
+use crate::pgtable::{desc, Pte, SwapEntry};
 use crate::platform::StdPlatform;
+use crate::rmap::PageGuard;
 use crate::swap_cluster::{SwapMap, SWAP_ADDRESS_SPACE_PAGES};
 use crate::swap_lock::{LockClassStats, StatLock};
 
@@ -107,6 +115,7 @@ impl SwapCache {
     }
 
     /// The index in use.
+    #[cfg_attr(any(not(test), loom), allow(dead_code))] // used by the unit tests
     pub(crate) fn kind(&self) -> SwapCacheIndex {
         match self.index {
             Index::Trunks(_) => SwapCacheIndex::Trunks,
@@ -211,6 +220,44 @@ impl SwapCache {
             self.count(-1);
         }
         done
+    }
+}
+
+impl crate::Mm {
+    /// Puts the locked page `page` in the swap cache for `entry` (whose slot
+    /// holds the cache's reference): the index entry, `PG_SWAPCACHE` and the
+    /// page's `swap_entry` (Linux's `add_to_swap_cache`).
+    pub(crate) fn swapcache_add(&self, page: &PageGuard<'_>, entry: SwapEntry) {
+        self.swap()
+            .add_to_swap_cache(entry, page.pfn().get() as u32)
+            .expect("the slot's swap-cache reference is ours");
+        let d = desc(self, page.pfn());
+        d.swap_entry()
+            .store(Pte::swap(entry).raw(), Ordering::Relaxed);
+        d.set_flag(PG_SWAPCACHE);
+    }
+
+    /// The swap entry the locked page caches, if it is in the swap cache.
+    pub(crate) fn swapcache_entry(&self, page: &PageGuard<'_>) -> Option<SwapEntry> {
+        let d = desc(self, page.pfn());
+        if !d.test_flag(PG_SWAPCACHE) {
+            return None;
+        }
+        Pte::from_raw(d.swap_entry().load(Ordering::Relaxed)).swap_entry()
+    }
+
+    /// Takes the locked page out of the swap cache, if it is in it, and drops
+    /// the cache's slot reference, which frees the slot when no PTE holds it
+    /// (Linux's `delete_from_swap_cache` + `put_swap_folio`). Its entry, if any.
+    pub(crate) fn swapcache_drop(&self, page: &PageGuard<'_>) -> Option<SwapEntry> {
+        let entry = self.swapcache_entry(page)?;
+        let d = desc(self, page.pfn());
+        self.swap()
+            .delete_from_swap_cache(entry, page.pfn().get() as u32);
+        d.clear_flag(PG_SWAPCACHE);
+        d.swap_entry().store(0, Ordering::Relaxed);
+        let _ = self.swap().swapcache_clear(entry);
+        Some(entry)
     }
 }
 

@@ -42,6 +42,7 @@ use crate::page_io::{
 use crate::pgtable::SwapEntry;
 use crate::swap_cluster::{MapError, SwapAllocPolicy, SwapMap, SWAPFILE_CLUSTER};
 use crate::swap_state::{CacheExists, SwapCache, SwapCacheIndex};
+use crate::{Error, Mm};
 
 /// Highest priority a user may give (Linux's `SWAP_FLAG_PRIO_MASK`).
 pub const SWAP_PRIO_MAX: i32 = 32767;
@@ -457,6 +458,41 @@ impl SwapDevices {
         Ok(())
     }
 
+    /// Takes a device out of slot allocation (`swapoff`'s first step, Linux's
+    /// `del_from_avail_list`) or puts it back (`on`); returns its slots in use.
+    pub(crate) fn set_allocatable(&self, id: SwapId, on: bool) -> Result<u64, SwapError> {
+        let mut t = self.table.write().unwrap();
+        let si = match t.by_type.get(id.ty as usize) {
+            Some(Some(si)) if si.id == id => si.clone(),
+            _ => return Err(SwapError::NoSuchDevice { id }),
+        };
+        t.avail.retain(|d| d.id != id);
+        if on {
+            let at = t
+                .avail
+                .iter()
+                .position(|d| d.prio < si.prio)
+                .unwrap_or(t.avail.len());
+            t.avail.insert(at, si.clone());
+        }
+        Ok(si.map.inuse())
+    }
+
+    /// Linux's `vm_swap_full`: more than half of all swap in use.
+    pub(crate) fn vm_swap_full(&self) -> bool {
+        let (total, free) = self.nr_swap_pages();
+        free * 2 < total
+    }
+
+    /// Free slots on the devices that take allocations.
+    pub(crate) fn nr_free_allocatable(&self) -> u64 {
+        let t = self.table.read().unwrap();
+        t.avail
+            .iter()
+            .map(|si| (si.map.nr_slots() as u64).saturating_sub(si.map.inuse()))
+            .sum()
+    }
+
     /// Allocates up to `n` slots for CPU `cpu`, all on one device, the first in
     /// priority order (round robin among equals) that has free slots; appends
     /// them to `out` (each with its swap-cache reference) and returns how many.
@@ -530,6 +566,7 @@ impl SwapDevices {
     }
 
     /// Writes a page to an entry's slot (`swap_writepage`).
+    #[cfg_attr(any(not(test), loom), allow(dead_code))] // used by the unit tests
     pub(crate) fn swap_writepage(&self, entry: SwapEntry, page: &[u8]) -> Result<(), SwapError> {
         self.with_entry(entry, |si, s| Ok(si.io.swap_writepage(s, page)?))
     }
@@ -655,6 +692,82 @@ impl SwapDevices {
                 .map_err(|e| format!("swap device {:?}: {e}", si.id))?;
         }
         Ok(())
+    }
+}
+
+impl Mm {
+    /// Turns a swap device on (Linux's `swapon`): from now on reclaim may write
+    /// cold pages to it. Bad input (size, priority, path, duplicate file, too
+    /// many devices) is refused with [`Error::Swap`] and changes nothing.
+    pub fn swapon(&self, dev: SwapDevice) -> Result<SwapId, Error> {
+        self.swap()
+            .swapon(dev)
+            .map_err(|e| Error::Swap(e.to_string()))
+    }
+
+    /// Turns a swap device off (Linux's `swapoff` with `try_to_unuse`): every
+    /// page on it is brought back into memory first. Refused with
+    /// [`Error::Swap`] when the id names no device that is on, or when memory
+    /// (with the other devices' free slots) cannot hold the pages; then the
+    /// device stays on and its pages stay where they are.
+    pub fn swapoff(&self, id: SwapId) -> Result<(), Error> {
+        let swap = self.swap();
+        let used = swap
+            .set_allocatable(id, false)
+            .map_err(|e| Error::Swap(e.to_string()))?;
+        let room = self.nr_free_pages().saturating_sub(self.total_wmark_high())
+            + swap.nr_free_allocatable();
+        if used > room {
+            let _ = swap.set_allocatable(id, true);
+            return Err(Error::Swap(format!(
+                "swapoff {id:?}: {used} pages in use do not fit in memory ({room} pages free \
+                 above the high watermark, other devices included); free memory first"
+            )));
+        }
+        let mut last = u64::MAX;
+        loop {
+            for s in self.spaces().all() {
+                if let Err(e) = s.inner().unuse(id.swap_type()) {
+                    let _ = swap.set_allocatable(id, true);
+                    return Err(Error::Swap(format!(
+                        "swapoff {id:?}: bringing pages back failed ({e}); the device stays on"
+                    )));
+                }
+            }
+            // Slots a reclaim in flight took before the device left the
+            // allocation list are unmapped into PTEs by now, or freed.
+            match swap.swapoff(id) {
+                Ok(()) => return Ok(()),
+                Err(SwapError::Busy { used_pages, .. }) if used_pages < last => {
+                    last = used_pages;
+                    std::thread::yield_now();
+                }
+                Err(e) => {
+                    let _ = swap.set_allocatable(id, true);
+                    return Err(Error::Swap(e.to_string()));
+                }
+            }
+        }
+    }
+
+    /// The swap devices that are on, shaped like `/proc/swaps`.
+    pub fn swap_info(&self) -> Vec<SwapInfo> {
+        self.swap().swap_info()
+    }
+
+    /// `/proc/swaps` as text.
+    pub fn proc_swaps(&self) -> String {
+        self.swap().proc_swaps()
+    }
+
+    /// Swap lock statistics: (device locks, cluster locks, swap-cache trunk locks).
+    pub fn swap_lock_stats(&self) -> (LockStats, LockStats, LockStats) {
+        self.swap().lock_stats()
+    }
+
+    /// Can reclaim write anything out now (a device with free slots)?
+    pub(crate) fn can_swap_out(&self) -> bool {
+        self.swap().nr_free_allocatable() > 0
     }
 }
 

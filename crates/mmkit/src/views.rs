@@ -1,4 +1,5 @@
-//! Text views shaped like `/proc/buddyinfo`, `/proc/pagetypeinfo` and `/proc/vmstat`.
+//! Text views shaped like `/proc/buddyinfo`, `/proc/pagetypeinfo`, `/proc/vmstat`
+//! and `/proc/meminfo`.
 
 use std::fmt::Write;
 
@@ -6,6 +7,33 @@ use crate::{MigrateType, Mm};
 use mmkit_core::{MIGRATE_TYPES, NR_ORDERS, PAGEBLOCK_ORDER};
 
 impl Mm {
+    /// Memory and swap, as `/proc/meminfo` (kB): MemTotal, MemFree,
+    /// Active(anon), Inactive(anon), SwapTotal, SwapFree, SwapCached.
+    pub fn meminfo(&self) -> String {
+        let kb = |pages: u64| pages * (crate::PAGE_SIZE as u64 / 1024);
+        let (mut active, mut inactive) = (0, 0);
+        for nid in 0..self.nr_nodes() {
+            let (a, i) = self.lru().nr_pages(nid);
+            active += a;
+            inactive += i;
+        }
+        let (swap_total, swap_free) = self.swap().nr_swap_pages();
+        let cached: u64 = self.swap_info().iter().map(|i| i.cached_pages).sum();
+        let mut s = String::new();
+        for (name, pages) in [
+            ("MemTotal", self.nr_managed_pages()),
+            ("MemFree", self.nr_free_pages()),
+            ("Active(anon)", active),
+            ("Inactive(anon)", inactive),
+            ("SwapTotal", swap_total),
+            ("SwapFree", swap_free),
+            ("SwapCached", cached),
+        ] {
+            let _ = writeln!(s, "{:<16}{:>10} kB", format!("{name}:"), kb(pages));
+        }
+        s
+    }
+
     /// Free blocks per order, per zone, as `/proc/buddyinfo`.
     pub fn buddyinfo(&self) -> String {
         let mut s = String::new();

@@ -296,7 +296,8 @@ fn variant_names_round_trip() {
     assert_eq!(Variant::MmkitEager.name(), "mmkit-eager");
     assert_eq!(Variant::MmkitNoPcp.name(), "mmkit-nopcp");
     assert_eq!(Variant::MmkitNoMerge.name(), "mmkit-nomerge");
-    assert_eq!(Variant::ALL.len(), 4);
+    assert_eq!(Variant::MmkitSwap618.name(), "mmkit-swap-6.18");
+    assert_eq!(Variant::ALL.len(), 7);
     for v in Variant::ALL {
         assert!(
             Variant::from_name(v.name()) == Some(v),

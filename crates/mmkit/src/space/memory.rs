@@ -2,7 +2,7 @@
 //! missing tables of the walk and hands a PMD to `huge_memory.rs`, then
 //! `handle_pte_fault` is the ONE place that dispatches on the kind of PTE found:
 //! none -> `do_anonymous_page`, migration entry -> wait for it (`migrate.rs`),
-//! NUMA hint -> `do_numa_page`, swap entry -> `do_swap_page`, present -> nothing
+//! NUMA hint -> `do_numa_page`, swap entry -> `do_swap_page` (`swap.rs`), present -> nothing
 //! (a racing fault installed it). Reclaim, swap-in and NUMA migration hook in here.
 //!
 //! Invariants: an entry goes from none to something only by `compare_exchange`
@@ -153,7 +153,7 @@ impl SpaceInner {
             return Ok(());
         }
         if e.is_swap() {
-            return self.do_swap_page(slot, e, addr);
+            return self.do_swap_page(vmf, slot, e);
         }
         Ok(()) // present: a racing fault installed it
     }
@@ -168,15 +168,6 @@ impl SpaceInner {
             Ordering::AcqRel,
             Ordering::Acquire,
         );
-    }
-
-    /// Linux's `do_swap_page`: a fault on the swap entry `e` in `slot`. This build
-    /// has no swap, so the access fails and the entry stays.
-    fn do_swap_page(&self, _slot: &AtomicU64, _e: Pte, addr: u64) -> Result<(), Error> {
-        Err(Error::Fault {
-            addr,
-            reason: "swap entry, and this build has no swap",
-        })
     }
 
     /// Linux's `do_anonymous_page`: a cleared order-0 page at `addr`, and, with
@@ -250,22 +241,28 @@ impl SpaceInner {
         // anonymous large folio, so the accesses that follow find their bits set.
         let bits = vmf.young_bits();
         let mut installed = 0;
-        for (i, pfn) in pfns[..n].iter().enumerate() {
-            rmap::set(mm, *pfn, self.id, va + (i as u64) * PAGE);
-            let pte = leaf(*pfn, false).with(bits);
+        for i in 0..n {
+            let pfn = pfns[i];
+            rmap::set(mm, pfn, self.id, va + (i as u64) * PAGE);
+            let pte = leaf(pfn, false).with(bits);
             match pt[idx + i].compare_exchange(0, pte.raw(), Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => installed += 1,
+                Ok(_) => {
+                    pfns[installed] = pfn;
+                    installed += 1;
+                }
                 Err(_) => {
                     // A racing fault installed its own page here.
-                    rmap::clear(mm, *pfn);
-                    mm.free_owned_pages(*pfn, 0)
+                    rmap::clear(mm, pfn);
+                    mm.free_owned_pages(pfn, 0)
                         .expect("freeing our own unpublished page");
                 }
             }
         }
         if installed > 0 {
-            used(mm, pt_pfn).fetch_add(installed, Ordering::Relaxed);
+            used(mm, pt_pfn).fetch_add(installed as u64, Ordering::Relaxed);
             self.stats.add(Stat::Rss, installed as i64);
+            // Onto the LRU through this CPU's batch (`lru.rs`).
+            mm.lru().lru_cache_add(mm, &pfns[..installed]);
         }
         Ok(())
     }

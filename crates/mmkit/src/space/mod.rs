@@ -52,6 +52,7 @@ mod mmu;
 mod mprotect;
 mod pagewalk;
 mod policy;
+mod swap;
 #[cfg(test)]
 pub(crate) mod tests;
 mod zap;

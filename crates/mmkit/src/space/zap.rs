@@ -4,7 +4,8 @@
 //! range on several threads.
 //!
 //! Invariants: a page is gathered only after its entry is cleared and its reverse
-//! map dropped; a split huge page is gathered with its last mapped sub-page
+//! map dropped, and leaves the LRU (`lru.rs`) in the flush before it is freed; a
+//! swap entry's slot reference is dropped (`swap_free`) when it is cleared; a split huge page is gathered with its last mapped sub-page
 //! (`Page::nr_pages_mapped` reaching 0); a table page is freed only once its used
 //! count (`Page::pt_used`) is 0 and its parent entry is cleared. The root table
 //! goes only with the space (`Drop for SpaceInner`).
@@ -23,6 +24,7 @@ use crate::pgtable::{
     desc, level_shift, pt_index, used, Pte, Table, HPAGE_PMD_NR, HPAGE_PMD_ORDER, PMD_SIZE,
 };
 use crate::{rmap, Mm, Pfn};
+use mmkit_core::page::PG_SWAPCACHE;
 
 /// Pages an [`MmuGather`] collects before freeing them in one batch.
 pub const MMU_GATHER_BATCH: usize = 512;
@@ -59,8 +61,17 @@ impl<'a> MmuGather<'a> {
         used(self.mm, pfn).store(0, Ordering::Relaxed);
         self.remove_page(pfn, 0);
     }
+    /// Takes the batch's pages off the LRU (one LRU lock hold per node, their
+    /// reverse maps already cleared), then drops their references.
     fn flush(&mut self) {
         if !self.batch.is_empty() {
+            let lru: Vec<u32> = self
+                .batch
+                .iter()
+                .filter(|&&(_, order)| order == 0)
+                .map(|&(p, _)| p.get() as u32)
+                .collect();
+            self.mm.lru().remove_batch(self.mm, &lru);
             self.mm.put_pages_bulk(&self.batch);
             self.batch.clear();
         }
@@ -202,10 +213,17 @@ impl SpaceInner {
             slot.store(0, Ordering::Relaxed);
             cleared += 1;
             if !e.maps_page() {
-                // A swap entry: freeing the swap slot comes with swap.
+                if let Some(entry) = e.swap_entry() {
+                    // The PTE's reference on its slot (Linux's `free_swap_and_cache`).
+                    let _ = mm.swap().swap_free(entry);
+                }
                 continue;
             }
             let pfn = e.pfn();
+            if !e.is_compound() && desc(mm, pfn).test_flag(PG_SWAPCACHE) {
+                // Kept in the swap cache since its swap-in: free the slot too.
+                mm.swapcache_drop(&mm.lock_page(pfn));
+            }
             rmap::clear(mm, pfn);
             rss += 1;
             if e.is_compound() {

@@ -1,0 +1,196 @@
+//! Swap-in (Linux's `do_swap_page` in `mm/memory.c`) and swapoff's walk over a
+//! space (Linux's `unuse_mm`).
+//!
+//! A fault on a swap PTE:
+//! 1. If the entry's page is in the swap cache, reclaim is writing it out or
+//!    another fault is reading it in: wait for that page's lock, then retry (the
+//!    PTE has changed, or the page left the cache).
+//! 2. A new page (owned, movable; the slow path may reclaim), then
+//!    `swapcache_prepare`: of concurrent faults on one entry exactly one wins and
+//!    reads; the others find the winner's page in the cache (step 1) or retry.
+//! 3. The winner locks its page, publishes it in the swap cache and reads the
+//!    slot (CRC32C verified). A failed read or a checksum mismatch undoes 3 and
+//!    2 and fails the access with [`Error::SwapIo`] / [`Error::SwapCorrupt`]; the
+//!    PTE keeps the swap entry, so a later access retries.
+//! 4. The PTE goes from the swap entry to the page (compare-and-swap) and the
+//!    slot loses the PTE's reference. As Linux does, a read fault on devices not
+//!    more than half full keeps the page in the swap cache (the slot keeps its
+//!    copy: reclaim drops the page again without a write while its PTE stays
+//!    clean); a write fault, or fuller devices, take it out, which frees the slot.
+//!    Readahead is `off` (a policy stub: `swap_ra`/`swap_ra_hit` stay 0).
+//!
+//! Invariants: the PTE leaves the swap entry only by that compare-and-swap, after
+//! the page holds the verified data; a page's reverse map is set before it is
+//! mapped.
+//!
+//! Locking: under the shared VMA lock of the fault; then one page lock at a time
+//! (the address side of the lock order in `rmap.rs`); the swap locks are leaves.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use mmkit_core::VmEvent;
+
+use super::memory::VmFault;
+use super::{leaf, SpaceInner, Stat, PAGE};
+use crate::page_io::SwapIoError;
+use crate::pgtable::{Pte, SwapEntry};
+use crate::swap_cluster::MapError;
+use crate::swapfile::SwapError;
+use crate::{rmap, Error, Gfp, Pfn, PAGE_SIZE};
+
+/// Yields the CPU a little more each time (waiting for another fault's read).
+fn backoff(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// The error an access returns for a failed swap read.
+fn read_err(addr: u64, entry: SwapEntry, e: SwapError) -> Error {
+    match e {
+        SwapError::Io(SwapIoError::Corrupt {
+            expected, found, ..
+        }) => Error::SwapCorrupt {
+            addr,
+            swap_type: entry.ty(),
+            offset: entry.offset(),
+            expected,
+            found,
+        },
+        other => Error::SwapIo {
+            addr,
+            swap_type: entry.ty(),
+            offset: entry.offset(),
+            reason: other.to_string(),
+        },
+    }
+}
+
+impl SpaceInner {
+    /// Linux's `do_swap_page`: a fault on the swap entry `e` in `slot` (see the
+    /// module header).
+    pub(super) fn do_swap_page(
+        &self,
+        vmf: &VmFault<'_>,
+        slot: &AtomicU64,
+        e: Pte,
+    ) -> Result<(), Error> {
+        let mm = &self.mm;
+        let addr = vmf.addr;
+        let Some(entry) = e.swap_entry() else {
+            return Err(Error::Fault {
+                addr,
+                reason: "malformed swap entry",
+            });
+        };
+        let swap = mm.swap();
+        let page = mm.alloc_owned_pages(Gfp::MOVABLE, 0)?;
+        let mut spins = 0;
+        // 1, 2.
+        loop {
+            if slot.load(Ordering::Acquire) != e.raw() {
+                mm.free_owned_pages(page, 0).expect("our unpublished page");
+                return Ok(());
+            }
+            if let Some(pfn) = swap.lookup_swap_cache(entry) {
+                drop(mm.lock_page(Pfn::new(pfn as u64)));
+                backoff(&mut spins);
+                continue;
+            }
+            match swap.swapcache_prepare(entry) {
+                Ok(()) => break,
+                Err(SwapError::Map(MapError::CacheBusy(_))) => backoff(&mut spins),
+                Err(err) => {
+                    mm.free_owned_pages(page, 0).expect("our unpublished page");
+                    if slot.load(Ordering::Acquire) != e.raw() {
+                        return Ok(());
+                    }
+                    debug_assert!(!matches!(err, SwapError::Io(_)), "{err}");
+                    return Err(Error::Fault {
+                        addr,
+                        reason: "swap entry names no swap slot in use",
+                    });
+                }
+            }
+        }
+        // 3.
+        let lock = mm.lock_page(page);
+        let undo = |mm: &crate::Mm, lock: crate::rmap::PageGuard<'_>| {
+            mm.swapcache_drop(&lock);
+            drop(lock);
+            mm.free_owned_pages(page, 0).expect("our unpublished page");
+        };
+        mm.swapcache_add(&lock, entry);
+        // SAFETY: the page is ours alone (just allocated, not mapped, locked): 4096
+        // writable bytes inside the arena that nothing else references.
+        let buf = unsafe { std::slice::from_raw_parts_mut(mm.page_address(page), PAGE_SIZE) };
+        if let Err(err) = swap.swap_readpage(entry, buf) {
+            let ev = match err {
+                SwapError::Io(SwapIoError::Corrupt { .. }) => VmEvent::SwapChecksumFail,
+                _ => VmEvent::SwapIoError,
+            };
+            mm.page_alloc().count_vm_event(ev, 1);
+            undo(mm, lock);
+            return Err(read_err(addr, entry, err));
+        }
+        // 4.
+        let va = addr & !(PAGE - 1);
+        rmap::set(mm, page, self.id, va);
+        let pte = leaf(page, false).with(vmf.young_bits());
+        let mapped = slot
+            .compare_exchange(e.raw(), pte.raw(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if !mapped {
+            rmap::clear(mm, page);
+            undo(mm, lock);
+            return Ok(());
+        }
+        let _ = swap.swap_free(entry);
+        if vmf.write || swap.vm_swap_full() {
+            mm.swapcache_drop(&lock);
+        }
+        drop(lock);
+        self.stats.add(Stat::Rss, 1);
+        mm.page_alloc().count_vm_event(VmEvent::PswpIn, 1);
+        mm.lru().lru_cache_add(mm, &[page]);
+        Ok(())
+    }
+
+    /// Swapoff's walk (Linux's `unuse_mm`): faults back in every page of this
+    /// space that sits on swap device `ty`. Returns how many it brought back.
+    pub(crate) fn unuse(&self, ty: u32) -> Result<u64, Error> {
+        let mm = &self.mm;
+        let g = self.read_lock();
+        let vmas: Vec<_> = g.map.values().copied().collect();
+        let mut n = 0;
+        for vma in vmas {
+            let mut a = vma.start;
+            while a < vma.end {
+                match self.follow_pte(&g, a) {
+                    Some((_, e, 0)) if e.swap_entry().is_some_and(|s| s.ty() == ty) => {
+                        self.access(&g, &vma, a, false, 1)?;
+                        n += 1;
+                    }
+                    Some((_, e, 0)) if e.is_present() => {
+                        // A page kept in the swap cache holds its slot too.
+                        let page = mm.lock_page(e.pfn());
+                        if mm.swapcache_entry(&page).is_some_and(|s| s.ty() == ty) {
+                            mm.swapcache_drop(&page);
+                        }
+                    }
+                    _ => {}
+                }
+                a += PAGE;
+            }
+        }
+        Ok(n)
+    }
+
+    /// One page fewer resident (reclaim unmapped it).
+    pub(crate) fn sub_rss(&self, pages: i64) {
+        self.stats.add(Stat::Rss, -pages);
+    }
+}

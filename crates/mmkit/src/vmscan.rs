@@ -1,0 +1,347 @@
+//! Reclaim (Linux's `mm/vmscan.c` for anonymous pages): aging the LRU lists
+//! (`shrink_active_list`), swapping out cold pages (`shrink_inactive_list` ->
+//! `shrink_page_list`), the node-level loop (`shrink_node`) that kswapd and
+//! direct reclaim share, and `Mm::reclaim`.
+//!
+//! Swap-out of one isolated page (it holds an isolation reference):
+//! 1. `trylock_page` (held: an access is using it, skip); only the mapping's and
+//!    the isolation's references (more: a pin or `with_page`, skip); the accessed
+//!    bit tested and cleared through the reverse map (`folio_referenced`): set
+//!    means activate, not reclaim.
+//! 2. Slots for the batch (`get_swap_pages`), each page added to the swap cache.
+//! 3. Write, contiguous slots in one request (`swap_writepages`). With the page
+//!    lock held no accessor reads or writes the page's bytes (`space/mmu.rs`), so
+//!    the copy written is the page's content; a failed write drops the slot and
+//!    the page stays mapped, untouched: nothing to restore.
+//! 4. Unmap (`try_to_unmap_one`): the PTE gets the swap entry, whose slot gains
+//!    the PTE's reference (`swap_duplicate`); RSS drops. An access that walked
+//!    before re-checks the PTE under the page lock and faults (`do_swap_page`),
+//!    finding the page in the swap cache and waiting for the page lock.
+//! 5. Out of the swap cache, slot keeps only the PTE's reference; the page's
+//!    references are dropped and it is freed.
+//!
+//! Linux unmaps before writing; here the order is reversed because the page lock
+//! already keeps the bytes stable, and it makes a write error trivially safe.
+//!
+//! Invariants: a page is freed only after its PTE holds a swap entry whose slot
+//! holds a verified copy (written with its checksum). Huge pages never reach the
+//! lists (they stay in memory; `space/huge_memory.rs`).
+//!
+//! Locking: one reclaimer per node at a time (`Lru::reclaim_throttle`, a mutex
+//! waited for holding at most a fault's shared VMA lock: its holder never waits
+//! for anything), then the page side of the lock order in `rmap.rs`: page locks (try) ->
+//! registry -> VMA lock (try_read). The LRU lock (`lru.rs`) and the swap locks
+//! are taken with no page lock wait inside them. Nothing here allocates arena
+//! pages, so direct reclaim may run inside any allocation.
+
+use std::sync::atomic::Ordering;
+
+use mmkit_core::page::PG_DIRTY;
+use mmkit_core::{Platform, VmEvent};
+
+use crate::lru::LruList;
+use crate::pgtable::{desc, Pte, SwapEntry};
+use crate::rmap::{
+    self, folio_referenced, folio_referenced_one, page_vma_mapped, rmap_walk, try_to_unmap_one,
+    PageGuard, RmapWalkControl,
+};
+use crate::{Mm, Pfn, StdPlatform, PAGE_SIZE};
+
+/// Pages isolated per scan (Linux's `SWAP_CLUSTER_MAX`).
+pub(crate) const SWAP_CLUSTER_MAX: usize = 32;
+
+/// Who reclaims (for the statistics).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Reclaimer {
+    Kswapd,
+    Direct,
+}
+
+/// A page on its way out, locked.
+struct Victim<'a> {
+    pfn: Pfn,
+    lock: PageGuard<'a>,
+    entry: Option<SwapEntry>,
+    /// Its content must be written (no slot yet, or dirty since the slot's copy).
+    write: bool,
+}
+
+impl Mm {
+    /// Reclaims up to `pages` pages now (swapping out cold anonymous pages) and
+    /// returns how many were freed. 0 without a swap device with free slots.
+    pub fn reclaim(&self, pages: u64) -> u64 {
+        let mut done = 0;
+        while done < pages {
+            let mut round = 0;
+            for nid in 0..self.nr_nodes() {
+                let want = (pages - done - round).min(SWAP_CLUSTER_MAX as u64);
+                if want == 0 {
+                    break;
+                }
+                round += shrink_node(self, nid, want as usize, Reclaimer::Direct);
+            }
+            if round == 0 {
+                break;
+            }
+            done += round;
+        }
+        done
+    }
+}
+
+/// Batches of 32 one direct reclaim runs at most: until free memory is above
+/// the high watermark (other tasks allocate what one batch frees meanwhile, and
+/// the slow path retries only a few times), or a batch frees nothing.
+const DIRECT_RECLAIM_BATCHES: usize = 8;
+
+/// The allocator's `direct_reclaim` hook: batches of 32 from each node, then
+/// the per-CPU lists drained so that the retry finds the pages.
+pub(crate) fn direct_reclaim(mm: &Mm) -> u64 {
+    if !mm.can_swap_out() {
+        return 0;
+    }
+    mm.page_alloc().count_vm_event(VmEvent::AllocStall, 1);
+    let mut freed = 0;
+    for _ in 0..DIRECT_RECLAIM_BATCHES {
+        let round: u64 = (0..mm.nr_nodes())
+            .map(|nid| shrink_node(mm, nid, SWAP_CLUSTER_MAX, Reclaimer::Direct))
+            .sum();
+        freed += round;
+        if round == 0 || mm.nr_free_pages() >= mm.total_wmark_high() {
+            break;
+        }
+    }
+    if freed > 0 {
+        // The pages went to per-CPU lists, which the slow path's retry does not
+        // look at (Linux's `__alloc_pages_direct_reclaim` drains too).
+        mm.drain_all_pages();
+    }
+    freed
+}
+
+/// Linux's `shrink_node` for one node's anonymous lists: ages the active list
+/// when the inactive one is the smaller, then reclaims from the inactive one.
+/// When nothing could be reclaimed because every page was referenced, it tries
+/// once more ignoring the accessed bits (Linux gets there by raising the scan
+/// priority): under pressure, pages are freed rather than an allocation failing.
+pub(crate) fn shrink_node(mm: &Mm, nid: usize, nr: usize, who: Reclaimer) -> u64 {
+    if !mm.can_swap_out() {
+        return 0;
+    }
+    let lru = mm.lru();
+    let _one_at_a_time = lru.reclaim_throttle(nid);
+    lru.drain_all(mm);
+    for force in [false, true] {
+        let (active, inactive) = lru.nr_pages(nid);
+        if inactive < active || inactive < nr as u64 {
+            shrink_active_list(mm, nid, SWAP_CLUSTER_MAX.max(nr), force);
+        }
+        let r = shrink_inactive_list(mm, nid, nr, who, force);
+        if r > 0 {
+            return r;
+        }
+    }
+    0
+}
+
+/// Linux's `shrink_active_list`: the tail of the active list; unreferenced pages
+/// move to the inactive list (all of them with `force`), referenced ones rotate.
+fn shrink_active_list(mm: &Mm, nid: usize, n: usize, force: bool) {
+    let lru = mm.lru();
+    let mut pages = Vec::with_capacity(n);
+    lru.isolate(mm, nid, LruList::Active, n, &mut pages);
+    let mut rwc = RmapWalkControl::default();
+    let mut back = Vec::with_capacity(pages.len());
+    let mut deact = 0;
+    for &p in &pages {
+        let referenced = match mm.trylock_page(p) {
+            Some(g) => folio_referenced(mm, &g, &mut rwc).unwrap_or(true),
+            None => true,
+        };
+        if referenced && !force {
+            back.push((p, LruList::Active));
+        } else {
+            deact += 1;
+            back.push((p, LruList::Inactive));
+        }
+    }
+    lru.putback(mm, &back);
+    drop(rwc);
+    put_isolated(mm, &pages);
+    mm.page_alloc().count_vm_event(VmEvent::PgDeactivate, deact);
+}
+
+/// Drops the isolation references (the last one frees a page unmapped meanwhile).
+fn put_isolated(mm: &Mm, pages: &[Pfn]) {
+    let blocks: Vec<(Pfn, u32)> = pages.iter().map(|&p| (p, 0)).collect();
+    mm.put_pages_bulk(&blocks);
+}
+
+/// Linux's `shrink_inactive_list`: isolates up to `nr` pages from the inactive
+/// tail and reclaims what it can; returns the pages freed.
+fn shrink_inactive_list(mm: &Mm, nid: usize, nr: usize, who: Reclaimer, force: bool) -> u64 {
+    let lru = mm.lru();
+    let mut pages = Vec::with_capacity(nr);
+    lru.isolate(mm, nid, LruList::Inactive, nr, &mut pages);
+    if pages.is_empty() {
+        return 0;
+    }
+    let (scan, steal) = match who {
+        Reclaimer::Kswapd => (VmEvent::PgScanKswapd, VmEvent::PgStealKswapd),
+        Reclaimer::Direct => (VmEvent::PgScanDirect, VmEvent::PgStealDirect),
+    };
+    mm.page_alloc().count_vm_event(scan, pages.len() as u64);
+    let mut back = Vec::new();
+    let freed = shrink_page_list(mm, &pages, force, &mut back);
+    lru.putback(mm, &back);
+    put_isolated(mm, &pages);
+    mm.page_alloc().count_vm_event(steal, freed);
+    freed
+}
+
+/// Linux's `shrink_page_list` over isolated pages (steps 1 to 5 of the module
+/// header). Pages kept go to `back` with the list they return to. Returns the
+/// number of pages swapped out (their mapping reference dropped; the isolation
+/// reference, the last, is the caller's).
+fn shrink_page_list<'a>(
+    mm: &'a Mm,
+    pages: &[Pfn],
+    force: bool,
+    back: &mut Vec<(Pfn, LruList)>,
+) -> u64 {
+    let mut rwc = RmapWalkControl::default();
+    let mut victims: Vec<Victim<'a>> = Vec::with_capacity(pages.len());
+    let mut activated = 0;
+    // 1. Locked, unpinned, unreferenced; and does it need writing?
+    for &pfn in pages {
+        let Some(lock) = mm.trylock_page(pfn) else {
+            back.push((pfn, LruList::Inactive));
+            continue;
+        };
+        if desc(mm, pfn).refcount().load(Ordering::Acquire) != 2 {
+            back.push((pfn, LruList::Active));
+            continue;
+        }
+        let seen = rmap_walk(mm, &lock, &mut rwc, |m| {
+            let dirty = page_vma_mapped(m, pfn).map(|(_, e)| e.is_dirty());
+            (folio_referenced_one(m, pfn), dirty)
+        });
+        match seen {
+            None | Some((_, None)) => back.push((pfn, LruList::Inactive)),
+            Some((true, _)) if !force => {
+                activated += 1;
+                back.push((pfn, LruList::Active));
+            }
+            Some((_, Some(dirty))) => {
+                // A page still in the swap cache from its swap-in, and clean
+                // since, has its copy on the slot already.
+                let entry = mm.swapcache_entry(&lock);
+                let write = entry.is_none() || dirty || desc(mm, pfn).test_flag(PG_DIRTY);
+                victims.push(Victim {
+                    pfn,
+                    lock,
+                    entry,
+                    write,
+                })
+            }
+        }
+    }
+    mm.page_alloc()
+        .count_vm_event(VmEvent::PgActivate, activated);
+    // 2. Slots for the pages that have none, and the swap cache.
+    let swap = mm.swap();
+    let need = victims.iter().filter(|v| v.entry.is_none()).count();
+    let mut entries = Vec::with_capacity(need);
+    let cpu = StdPlatform::cpu_id();
+    while entries.len() < need {
+        if swap.get_swap_pages(cpu, need - entries.len(), &mut entries) == 0 {
+            break;
+        }
+    }
+    let mut fresh = entries.into_iter();
+    for v in victims.iter_mut().filter(|v| v.entry.is_none()) {
+        let Some(e) = fresh.next() else { break };
+        mm.swapcache_add(&v.lock, e);
+        v.entry = Some(e);
+    }
+    // 3. Write what needs it, runs of contiguous slots at once.
+    let mut written: Vec<bool> = victims.iter().map(|v| !v.write).collect();
+    let mut i = 0;
+    while i < victims.len() {
+        let Some(first) = victims[i].entry.filter(|_| victims[i].write) else {
+            i += 1;
+            continue;
+        };
+        let mut j = i + 1;
+        while j < victims.len()
+            && victims[j].write
+            && matches!(victims[j].entry, Some(e) if e.ty() == first.ty()
+                && e.offset() == first.offset() + (j - i) as u64)
+        {
+            j += 1;
+        }
+        let bufs: Vec<&[u8]> = victims[i..j]
+            .iter()
+            // SAFETY: each page is allocated (isolation reference) and locked by us;
+            // no accessor touches a page's bytes without its page lock, so these
+            // 4096 bytes inside the arena do not change while the slices live.
+            .map(|v| unsafe { std::slice::from_raw_parts(mm.page_address(v.pfn), PAGE_SIZE) })
+            .collect();
+        match swap.swap_writepages(first, &bufs) {
+            Ok(()) => {
+                written[i..j].iter_mut().for_each(|w| *w = true);
+                mm.page_alloc()
+                    .count_vm_event(VmEvent::PswpOut, (j - i) as u64);
+            }
+            Err(_) => mm.page_alloc().count_vm_event(VmEvent::SwapIoError, 1),
+        }
+        i = j;
+    }
+    // 4, 5. Unmap and free, or undo.
+    let mut freed = 0;
+    for (v, ok) in victims.into_iter().zip(written) {
+        let Some(entry) = v.entry else {
+            back.push((v.pfn, LruList::Inactive)); // no slot left
+            continue;
+        };
+        let unmapped = ok
+            && rmap_walk(mm, &v.lock, &mut rwc, |m| {
+                if swap.swap_duplicate(entry).is_err() {
+                    return false;
+                }
+                match try_to_unmap_one(m, &v.lock, |_| Pte::swap(entry)) {
+                    Some(_) => {
+                        m.space.sub_rss(1);
+                        true
+                    }
+                    None => {
+                        let _ = swap.swap_free(entry);
+                        false
+                    }
+                }
+            })
+            .unwrap_or(false);
+        if unmapped {
+            rmap::clear(mm, v.pfn);
+        }
+        // Out of the cache; this frees the slot when the unmap did not happen
+        // (no PTE reference): a page that stays is dirty for swap again.
+        mm.swapcache_drop(&v.lock);
+        desc(mm, v.pfn).clear_flag(PG_DIRTY);
+        drop(v.lock);
+        if unmapped {
+            mm.unpin_page(v.pfn); // the mapping's reference; the isolation's is last
+            freed += 1;
+        } else {
+            back.push((
+                v.pfn,
+                if ok {
+                    LruList::Inactive
+                } else {
+                    LruList::Active
+                },
+            ));
+        }
+    }
+    freed
+}
