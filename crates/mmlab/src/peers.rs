@@ -94,6 +94,17 @@ pub struct MmPeer {
     initial_free: u64,
     /// `free_pages` calls that returned an error (a lab or library bug).
     free_errors: AtomicU64,
+    /// A swap file of this mm's (`--swap file:PATH`), removed on drop.
+    swap_file: Option<std::path::PathBuf>,
+}
+
+impl Drop for MmPeer {
+    fn drop(&mut self) {
+        if let Some(f) = &self.swap_file {
+            // The Mm still has it open; its space goes when the Mm closes it.
+            let _ = std::fs::remove_file(f);
+        }
+    }
 }
 
 /// The `buddy_system_allocator` peer: frame numbers from a `FrameAllocator`,
@@ -256,6 +267,7 @@ impl Peer {
             mm,
             initial_free,
             free_errors: AtomicU64::new(0),
+            swap_file: None,
         })
     }
 
@@ -270,6 +282,13 @@ impl Peer {
             .build()
             .with_context(|| format!("building custom variant {name} with {memory} bytes"))?;
         Ok(Peer::of_mm(mm))
+    }
+
+    /// Removes `file` when this mmkit peer is dropped (its swap file).
+    pub fn remove_on_drop(&mut self, file: std::path::PathBuf) {
+        if let Peer::Mmkit(p) = self {
+            p.swap_file = Some(file);
+        }
     }
 
     /// The `Mm` of an mmkit variant.

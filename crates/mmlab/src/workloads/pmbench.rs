@@ -21,7 +21,7 @@ use crate::peers::{Peer, VariantInfo};
 use crate::runner::{self, Config, Timing};
 use crossbeam_utils::CachePadded;
 use hdrhistogram::Histogram;
-use mmkit::{Mm, Space};
+use mmkit::{ClearStrategy, LockStats, Mm, Space, SwapDevice, Variant, VmEvent};
 use serde_json::{Map, Value};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
@@ -145,10 +145,6 @@ const VARIANTS: &[VariantInfo] = &[
                       limited to the arena, swapping to a loop device over tmpfs (needs root)",
     },
 ];
-
-/// Why the mmkit variants have no figures in this build.
-pub const MMKIT_SWAP_MISSING: &str = "not measured: swap not available in this build \
-     (Mm::swapon is not in the library yet)";
 
 /// The arena under `timing`.
 pub fn arena(quick: bool) -> usize {
@@ -479,14 +475,12 @@ pub fn figures(
 }
 
 /// A working set in an mmkit `Space` of its own.
-#[allow(dead_code)] // used by `run_mmkit`, which waits for Mm::swapon (see `run`)
 pub struct MmkitMem {
     space: Space,
     base: u64,
     len: u64,
 }
 
-#[allow(dead_code)] // see `MmkitMem`
 impl MmkitMem {
     /// A `Space` of `mm` with `len` bytes mapped.
     pub fn new(mm: &Mm, len: usize) -> Result<MmkitMem, mmkit::Error> {
@@ -518,36 +512,120 @@ impl Memory for MmkitMem {
     }
 }
 
+/// The lock counters of an mmkit variant that `pmbench` reports.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SwapLocks {
+    pub device: LockStats,
+    pub cluster: LockStats,
+    pub trunk: LockStats,
+    pub lru: LockStats,
+}
+
+impl SwapLocks {
+    /// The counters of `mm` now.
+    pub fn of(mm: &Mm) -> SwapLocks {
+        let (device, cluster, trunk) = mm.swap_lock_stats();
+        SwapLocks {
+            device,
+            cluster,
+            trunk,
+            lru: mm.lru_lock_stats(),
+        }
+    }
+
+    /// Contention over the interval from `before` to `self`: the swap cache's
+    /// lock is the trunk lock (`Trunks`), or with the swap table (no trunk
+    /// lock taken) the cluster lock its writes take; the swap locks are the
+    /// device and cluster locks together.
+    pub fn pcts_since(&self, before: &SwapLocks) -> LockPcts {
+        let d = self.device.since(&before.device);
+        let c = self.cluster.since(&before.cluster);
+        let t = self.trunk.since(&before.trunk);
+        let both = LockStats {
+            acquisitions: d.acquisitions + c.acquisitions,
+            contended: d.contended + c.contended,
+            wait_ns: d.wait_ns + c.wait_ns,
+        };
+        LockPcts {
+            swap_cache: if t.acquisitions > 0 {
+                t.contended_pct()
+            } else {
+                c.contended_pct()
+            },
+            swap: both.contended_pct(),
+            lru: self.lru.since(&before.lru).contended_pct(),
+        }
+    }
+}
+
+/// (pswpin, pswpout) of `mm`.
+pub fn mm_swap_counters(mm: &Mm) -> (u64, u64) {
+    let e = mm.vm_events();
+    (e.get(VmEvent::PswpIn), e.get(VmEvent::PswpOut))
+}
+
 /// One point on mmkit: a `Space` per thread with its working set, warmed up
 /// until `counters()` (pswpin, pswpout) shows steady swapping, then measured.
-#[allow(dead_code)] // called from `run` once Mm::swapon lands (MMKIT_SWAP_MISSING)
+/// `locks` gives the lock counters (None: not known).
 pub fn run_mmkit(
     mm: &Mm,
     threads: usize,
     wss: usize,
     plan: &Plan,
     counters: impl Fn() -> (u64, u64),
+    locks: impl Fn() -> Option<SwapLocks>,
 ) -> Result<Vec<Figure>, String> {
     let mems = (0..threads.max(1))
         .map(|_| MmkitMem::new(mm, wss))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("mapping the working sets: {e}"))?;
     let mut swap = (0, 0, 0.0);
+    let mut pcts = None;
     let o = drive(mems, 0x5eed, |phase| {
         if !warm_up(plan, &counters, || true) {
             eprintln!("note: pmbench mmkit: swapping not steady after the maximum warmup");
         }
-        let c0 = counters();
+        let (c0, l0) = (counters(), locks());
         let t0 = Instant::now();
         phase.store(MEASURE, Ordering::Relaxed);
         std::thread::sleep(plan.duration);
         phase.store(STOP, Ordering::Relaxed);
         let e = t0.elapsed();
-        let c1 = counters();
+        let (c1, l1) = (counters(), locks());
         swap = (c1.0 - c0.0, c1.1 - c0.1, e.as_secs_f64());
+        pcts = l1.zip(l0).map(|(a, b)| a.pcts_since(&b));
         e
     });
-    Ok(figures(&o, swap.2, swap.0, swap.1, None))
+    Ok(figures(&o, swap.2, swap.0, swap.1, pcts))
+}
+
+/// The swap file of mmkit variant `variant` under `--swap file:PATH`: PATH
+/// itself would be shared by the variants, which are all alive at once.
+pub fn swap_file_for(path: &std::path::Path, variant: &str) -> std::path::PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(format!(".{variant}"));
+    s.into()
+}
+
+/// mmkit variant `name` (preset `v`) on a prefaulted arena, with its swap
+/// device on: RAM, or its own file under `--swap file:PATH` (removed when the
+/// variant is dropped).
+fn build_mmkit(name: &str, v: Variant, config: &Config) -> anyhow::Result<Peer> {
+    let a = arena(config.timing.quick);
+    let mut peer = Peer::create_mmkit(name, v, a, ClearStrategy::Auto)?;
+    let bytes = swap_bytes(a) as u64;
+    let dev = match &config.swap_file {
+        Some(p) => {
+            let f = swap_file_for(p, name);
+            peer.remove_on_drop(f.clone());
+            SwapDevice::file(f, bytes)
+        }
+        None => SwapDevice::ram(bytes),
+    };
+    let mm = peer.mm().expect("an mmkit peer");
+    mm.swapon(dev)
+        .map_err(|e| anyhow::anyhow!("pmbench {name}: swapon: {e}"))?;
+    Ok(peer)
 }
 
 pub struct Pmbench;
@@ -583,13 +661,14 @@ impl Workload for Pmbench {
         arena(config.timing.quick)
     }
 
-    fn build(&self, variant: &str, _config: &Config) -> anyhow::Result<Peer> {
+    fn build(&self, variant: &str, config: &Config) -> anyhow::Result<Peer> {
         let Some(info) = VARIANTS.iter().find(|v| v.name == variant) else {
             anyhow::bail!("unknown variant {variant:?} for pmbench");
         };
-        // The mmkit variants need `Mm::swapon`; until the library has it they
-        // are placeholders that `run` reports as not measured.
-        Ok(Peer::Native(info.name))
+        match Variant::from_name(variant) {
+            Some(v) => build_mmkit(variant, v, config),
+            None => Ok(Peer::Native(info.name)),
+        }
     }
 
     fn params_for(&self, config: &Config) -> Map<String, Value> {
@@ -611,13 +690,21 @@ impl Workload for Pmbench {
         let name = peer.native().unwrap_or("mmkit");
         let plan = Plan::of(timing);
         let a = arena(timing.quick);
-        let r = match name {
-            "kernel" if timing.quick && !super::swap_host::host_swap_opted_in() => Err(
+        let r = match (peer.mm(), name) {
+            (Some(mm), _) => run_mmkit(
+                mm,
+                threads,
+                wss_per_thread(a, threads),
+                &plan,
+                || mm_swap_counters(mm),
+                || Some(SwapLocks::of(mm)),
+            ),
+            (None, "kernel") if timing.quick && !super::swap_host::host_swap_opted_in() => Err(
                 "not under --quick: it turns swap on for the whole host (set MMLAB_HOST_SWAP=1 to run it)"
                     .to_string(),
             ),
-            "kernel" => super::pmbench_kernel::run_point(threads, a, &plan),
-            _ => Err(MMKIT_SWAP_MISSING.to_string()),
+            (None, "kernel") => super::pmbench_kernel::run_point(threads, a, &plan),
+            (None, _) => Err(format!("unknown variant {name}")),
         };
         r.unwrap_or_else(|why| {
             eprintln!("note: pmbench {name} at {threads} threads skipped: {why}");
@@ -701,6 +788,33 @@ mod tests {
     }
 
     #[test]
+    fn lock_percentages_and_swap_files() {
+        let l = |acquisitions, contended| LockStats {
+            acquisitions,
+            contended,
+            wait_ns: 0,
+        };
+        let before = SwapLocks::default();
+        let trunks = SwapLocks {
+            device: l(100, 1),
+            cluster: l(100, 3),
+            trunk: l(200, 20),
+            lru: l(50, 5),
+        };
+        let p = trunks.pcts_since(&before);
+        assert_eq!((p.swap_cache, p.swap, p.lru), (10.0, 2.0, 10.0));
+        // The swap table takes no trunk lock: its writes take the cluster lock.
+        let table = SwapLocks {
+            trunk: l(0, 0),
+            ..trunks
+        };
+        assert_eq!(table.pcts_since(&before).swap_cache, 3.0);
+        assert_eq!(trunks.pcts_since(&trunks).swap, 0.0);
+        let f = swap_file_for(std::path::Path::new("/var/tmp/s"), "mmkit-swap-6.18");
+        assert_eq!(f, std::path::PathBuf::from("/var/tmp/s.mmkit-swap-6.18"));
+    }
+
+    #[test]
     fn steadiness() {
         let mut s = Steady::default();
         assert!(!s.feed(0.0, 0, 0));
@@ -740,7 +854,7 @@ mod tests {
             interval: Duration::from_millis(10),
             duration: Duration::from_millis(50),
         };
-        let f = run_mmkit(&mm, 2, 2 << 20, &plan, || (0, 0)).unwrap();
+        let f = run_mmkit(&mm, 2, 2 << 20, &plan, || (0, 0), || None).unwrap();
         let get = |n: &str| f.iter().find(|x| x.metric == n).unwrap().value;
         assert!(get("accesses_per_sec") > 0.0);
         assert!(get("access_latency_p99_ns") >= get("access_latency_p50_ns"));
