@@ -18,6 +18,7 @@ use mmkit_core::{
 
 use crate::compaction::{self, CompactConfig};
 use crate::kthread::Kthread;
+use crate::numa_balancing::{self, ScanParams, ScanPolicy};
 use crate::{arena, numa, platform, ClearStrategy, Error, Mm, MmInner, StdPlatform, Topology};
 
 /// The named policy sets the lab compares.
@@ -36,6 +37,14 @@ pub enum Variant {
     /// order 0 and poor for huge pages; compaction migrates as for the others but
     /// has no merge step.
     MmkitNoMerge,
+    /// `Mmkit` with Linux's NUMA balancing scan policy as it is today
+    /// ([`ScanPolicy::FailBackoff`], seed 004).
+    MmkitNumabLinux,
+    /// `Mmkit` with Linux 4.0-rc1's ([`ScanPolicy::NoFailBackoff`]).
+    MmkitNumab40,
+    /// `Mmkit` whose spaces leave NUMA balancing off (the lab does not turn it
+    /// on; the builder's scan policy stays `Adaptive`).
+    MmkitNumabOff,
 }
 
 impl Variant {
@@ -53,23 +62,48 @@ impl Variant {
             Variant::MmkitEager => "mmkit-eager",
             Variant::MmkitNoPcp => "mmkit-nopcp",
             Variant::MmkitNoMerge => "mmkit-nomerge",
+            Variant::MmkitNumabLinux => "mmkit-numab-linux",
+            Variant::MmkitNumab40 => "mmkit-numab-4.0",
+            Variant::MmkitNumabOff => "mmkit-numab-off",
         }
     }
+    /// The NUMA balancing variants (`mmkit` is the Adaptive one).
+    pub const NUMAB: [Variant; 4] = [
+        Variant::Mmkit,
+        Variant::MmkitNumabLinux,
+        Variant::MmkitNumab40,
+        Variant::MmkitNumabOff,
+    ];
     /// From a lab name.
     pub fn from_name(s: &str) -> Option<Variant> {
-        Variant::ALL.into_iter().find(|v| v.name() == s)
+        Variant::ALL
+            .into_iter()
+            .chain(Variant::NUMAB)
+            .find(|v| v.name() == s)
+    }
+    /// The NUMA balancing scan policy, or None where balancing stays off.
+    pub const fn numa_balancing(self) -> Option<ScanPolicy> {
+        match self {
+            Variant::MmkitNumabLinux => Some(ScanPolicy::FailBackoff),
+            Variant::MmkitNumab40 => Some(ScanPolicy::NoFailBackoff),
+            Variant::MmkitNumabOff => None,
+            _ => Some(ScanPolicy::Adaptive),
+        }
     }
     /// Anonymous fault-around batch: 16 pages for the mmkit policies, off (1) for
     /// the Linux baselines.
     pub const fn fault_around(self) -> usize {
         match self {
-            Variant::Mmkit | Variant::MmkitNoMerge => 16,
             Variant::MmkitEager | Variant::MmkitNoPcp => 1,
+            _ => 16,
         }
     }
     fn apply(self, c: &mut Config) {
         let (pcp, merge, refill, high) = match self {
-            Variant::Mmkit => (
+            Variant::Mmkit
+            | Variant::MmkitNumabLinux
+            | Variant::MmkitNumab40
+            | Variant::MmkitNumabOff => (
                 PcpPolicy::On,
                 MergePolicy::Lazy,
                 RefillPolicy::Cluster,
@@ -96,7 +130,7 @@ impl Variant {
         };
         c.pcp = pcp;
         // The lock-free per-CPU caches are mmkit's; the baselines are Linux's lists.
-        c.pcp_cache = matches!(self, Variant::Mmkit | Variant::MmkitNoMerge);
+        c.pcp_cache = !matches!(self, Variant::MmkitEager | Variant::MmkitNoPcp);
         c.merge = merge;
         c.refill = refill;
         c.pcp_high = high;
@@ -115,6 +149,7 @@ pub struct MmBuilder {
     fault_around: usize,
     compact: CompactConfig,
     topology: Option<Topology>,
+    numab: (ScanPolicy, ScanParams, bool),
 }
 
 /// A quarter of RAM, capped at 4 GiB.
@@ -147,9 +182,28 @@ impl MmBuilder {
             fault_around: Variant::Mmkit.fault_around(),
             compact: CompactConfig::default(),
             topology: None,
+            numab: (ScanPolicy::Adaptive, ScanParams::default(), true),
         }
     }
 
+    /// How NUMA balancing adapts each space's scan period (default
+    /// [`ScanPolicy::Adaptive`]; a [`Variant`] sets it too).
+    pub fn numa_scan_policy(mut self, p: ScanPolicy) -> Self {
+        self.numab.0 = p;
+        self
+    }
+    /// The NUMA balancing scanner's settings (default: Linux's sysctls).
+    pub fn numa_scan_params(mut self, p: ScanParams) -> Self {
+        self.numab.1 = p;
+        self
+    }
+    /// A background scanner thread per space with NUMA balancing on (default
+    /// on); off, only [`Space::task_numa_work`](crate::Space::task_numa_work)
+    /// scans (tests drive it by hand).
+    pub fn numa_scan_thread(mut self, on: bool) -> Self {
+        self.numab.2 = on;
+        self
+    }
     /// The NUMA topology (default [`Topology::host`]: the host's nodes, one on
     /// most machines). The arena is split over its nodes in equal shares of
     /// 4 MiB blocks, each node a zone with its own watermarks, lists and
@@ -169,6 +223,9 @@ impl MmBuilder {
     pub fn variant(mut self, v: Variant) -> Self {
         v.apply(&mut self.cfg);
         self.fault_around = v.fault_around();
+        if let Some(p) = v.numa_balancing() {
+            self.numab.0 = p;
+        }
         self
     }
     /// Anonymous fault-around: a fault on an order-0 mapping also populates up to
@@ -291,6 +348,12 @@ impl MmBuilder {
             id: NEXT_MM_ID.fetch_add(1, Ordering::Relaxed),
             node_access,
             numa_note,
+            numab: numa_balancing::MmNumab {
+                policy: self.numab.0,
+                params: self.numab.1,
+                kthread: self.numab.2,
+                stats: Default::default(),
+            },
         });
         if self.cfg.pcp == PcpPolicy::On && self.cfg.pcp_high == PcpHighPolicy::Auto {
             start_vmstat_worker(&inner);

@@ -73,8 +73,8 @@ pub use mmkit_core::{
 pub use mmkit_core::{NodeReq, NumaStats};
 pub use numa::NodeAccesses;
 pub use numa_balancing::{
-    should_numa_migrate_memory, Cpupid, GroupFaults, MigrateFail, MigrateQuery, ScanDecision,
-    ScanParams, ScanPeriod, ScanPolicy, ScanWindow,
+    should_numa_migrate_memory, Cpupid, GroupFaults, MigrateFail, MigrateQuery, NumabStats,
+    ScanDecision, ScanParams, ScanPeriod, ScanPolicy, ScanWindow,
 };
 pub use page_io::SwapBackend;
 pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
@@ -120,6 +120,9 @@ struct MmInner {
     node_access: numa::AccessCounters,
     /// Why the arena's parts could not be bound to their nodes, if they could not.
     numa_note: Option<String>,
+    /// Automatic NUMA balancing: the scan policy and settings of every space,
+    /// whether a background scanner runs, and the counters of all spaces.
+    numab: numa_balancing::MmNumab,
 }
 
 /// A memory manager over one arena. Cheap to clone; clones share the allocator.

@@ -459,6 +459,25 @@ impl Cpupid {
         }
     }
 
+    /// The 10-bit form kept in a page descriptor's flags (mmkit-core's
+    /// `LAST_CPUPID_SHIFT`): valid bit, node mod 8, the low 6 bits of the id.
+    /// Compare only values that went through the same packing.
+    pub const fn to_page_bits(self) -> u32 {
+        if self.is_unset() {
+            return 0;
+        }
+        let node = (self.0 >> CPUPID_PID_BITS) & 7;
+        (1 << 9) | (node << 6) | (self.0 & 0x3f)
+    }
+
+    /// From the 10-bit form of [`to_page_bits`](Self::to_page_bits).
+    pub const fn from_page_bits(bits: u32) -> Cpupid {
+        if bits & (1 << 9) == 0 {
+            return Cpupid::UNSET;
+        }
+        Cpupid::new(((bits >> 6) & 7) as usize, bits & 0x3f)
+    }
+
     /// True when both name the same thread (low bits of the id).
     pub const fn same_pid(self, other: Cpupid) -> bool {
         !self.is_unset() && !other.is_unset() && (self.0 ^ other.0) & CPUPID_PID_MASK == 0
@@ -525,6 +544,22 @@ pub fn should_numa_migrate_memory(q: &MigrateQuery) -> bool {
     }
     g.cpu_dst * g.mem_src * 3 > g.cpu_src * g.mem_dst * 4
 }
+
+/// The NUMA balancing settings and counters of one Mm (`MmBuilder`).
+#[derive(Default)]
+pub(crate) struct MmNumab {
+    pub(crate) policy: ScanPolicy,
+    pub(crate) params: ScanParams,
+    /// A background scanner per space that turns balancing on (else only
+    /// `Space::task_numa_work` scans).
+    pub(crate) kthread: bool,
+    /// All spaces' counters summed.
+    pub(crate) stats: NumabCounters,
+}
+
+mod counters;
+pub use counters::NumabStats;
+pub(crate) use counters::{NumabCounters, NumabStat};
 
 #[cfg(test)]
 mod tests;
