@@ -14,7 +14,10 @@
 //! - The automatic scanner is a background thread per space (`kthread.rs`,
 //!   `MmBuilder::numa_scan_thread`, on by default) that wakes every tenth of the
 //!   minimum period and runs `task_numa_work` once the period has elapsed (wall
-//!   clock; Linux counts the task's CPU time).
+//!   clock; Linux counts the task's CPU time), or, under `Adaptive`, as soon as
+//!   a node it avoids as full has free pages above its high watermark again
+//!   (a pass also stops avoiding such a node): recovery does not wait out a
+//!   backed-off period.
 //! - `do_numa_page` (dispatched from `memory.rs`) restores the entry, swaps the
 //!   page's last accessor (`Page::xchg_last_cpupid`), and, for a page on another
 //!   node than the faulting thread, asks `should_numa_migrate_memory`, checks the
@@ -144,6 +147,16 @@ pub(crate) fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The nodes of `mask` short of memory: free pages at or below the high
+/// watermark (where Linux's `migrate_misplaced_folio_prepare` refuses).
+fn still_full(mm: &crate::Mm, mask: NodeMask) -> NodeMask {
+    mm.zone_info()
+        .iter()
+        .filter(|z| mask.contains(z.node) && z.nr_free + z.nr_pcp <= z.wmark[2])
+        .map(|z| z.node)
+        .collect()
+}
+
 impl SpaceNumab {
     fn lock(&self) -> MutexGuard<'_, Option<ScanState>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -190,11 +203,16 @@ impl Space {
             let Some(s) = weak.upgrade() else {
                 return false;
             };
-            let due = s
+            // Due, or (Adaptive) a node it avoids has room again: scan now rather
+            // than wait out the backed-off period.
+            let (due, avoid) = s
                 .numab
                 .lock()
                 .as_ref()
-                .is_some_and(|st| Instant::now() >= st.next_scan);
+                .map_or((false, NodeMask::default()), |st| {
+                    (Instant::now() >= st.next_scan, st.avoid)
+                });
+            let due = due || (!avoid.is_empty() && still_full(&s.mm, avoid) != avoid);
             if due && s.numab.enabled.load(Ordering::Acquire) {
                 s.task_numa_work();
             }
@@ -288,6 +306,12 @@ impl SpaceInner {
             st.avoid = d.avoid_targets;
             st.next_scan = Instant::now() + Duration::from_millis(d.period_ms);
             (st.next_addr, st.avoid, st.cpu_nodes())
+        };
+        // A node avoided since the last window that has room again is not.
+        let avoid = if avoid.is_empty() {
+            avoid
+        } else {
+            still_full(mm, avoid)
         };
         let budget = (params.scan_size_mb.max(1) << 20) / PAGE;
         let virt_budget = budget * VIRT_SCAN_FACTOR;

@@ -11,6 +11,7 @@ mod alloc_free;
 mod alloc_free_batch;
 mod alloc_free_orders;
 mod anon_w_seq;
+mod autonuma;
 mod clear_huge;
 mod cross_cpu_free;
 mod highalloc;
@@ -183,6 +184,7 @@ pub fn all() -> Vec<&'static dyn Workload> {
         &anon_w_seq::AnonWSeq,
         &highalloc::HighAlloc,
         &order0_thp_mix::Order0ThpMix,
+        &autonuma::Autonuma,
     ]
 }
 
