@@ -22,6 +22,10 @@
 //!   (so the period is back to the minimum within two windows), and target nodes
 //!   found full are reported in [`ScanDecision::avoid_targets`] for two windows, so
 //!   the scanner does not arm PTEs whose only possible target is such a node.
+//!   A converged window (at least 9 in 10 faults local, nothing migrated or
+//!   failed) slows down as an idle one does (the period doubles): the scanner
+//!   costs little once pages sit where they are used, without Linux's trick of
+//!   never forgetting a failure.
 //!   It also reads "no faults" as no hint faults at all, where Linux tests
 //!   `local + shared == 0` and so slows down a window of private remote faults.
 //!
@@ -327,13 +331,23 @@ impl ScanPeriod {
         for (aged, &now) in self.aged.iter_mut().zip(&w.failed) {
             *aged = *aged / 2 + now;
         }
-        let had_failures = self.backoff > 0 || self.aged.iter().any(|&a| a > 0);
+        // Only resource failures (a full node, rate limiting) hold misplaced
+        // pages back; a few busy pages are not a reason to rescan at full rate.
+        let had_failures = self.backoff > 0
+            || self.aged[MigrateFail::NodeFull as usize] > 0
+            || self.aged[MigrateFail::RateLimited as usize] > 0;
         let (fails, migrated) = (w.failed_total(), w.migrated);
+        // Converged: at least 9 in 10 faults local and nothing left to move.
+        let converged = w.hint_faults() > 0
+            && w.faults_remote * 10 <= w.hint_faults()
+            && migrated == 0
+            && fails == 0;
 
         // The base follows locality on this window alone (nothing is kept). No
-        // hint fault at all means idle: slower (Linux's `local + shared == 0`
-        // also slows down a window of private faults that stayed remote).
-        self.base_ms = if w.hint_faults() == 0 {
+        // hint fault at all means idle, and a converged window has nothing to
+        // do either: slower (Linux's `local + shared == 0` also slows down a
+        // window of private faults that stayed remote).
+        self.base_ms = if w.hint_faults() == 0 || converged {
             max.min(self.base_ms.max(min) << 1)
         } else {
             let (local, remote) = (w.faults_local, w.faults_remote);
