@@ -16,6 +16,7 @@
 //! - `numa02`: one space, one buffer first touched from node 0; thread *t* (on
 //!   node *t* mod 2) writes slice *t*.
 //! - `numa02_SMT`: as numa02 with half the threads (at least 2).
+//!
 //! Each also as `NAME-full`: after the layout another space fills both nodes to
 //! their limit (`Bind` ranges written until the node refuses), so migrations
 //! fail for lack of memory as in the seed; and `NAME-recover`: as `-full`, the
@@ -281,8 +282,7 @@ fn fill_nodes(mm: &Mm) -> Result<Space> {
     Ok(hog)
 }
 
-/// Runs every job for `passes` passes over its range; returns (local, remote)
-/// accesses added over all spaces.
+/// Runs every job for `passes` passes over its range.
 fn half(mm: &Mm, l: &Layout, passes: u64) {
     std::thread::scope(|sc| {
         for j in &l.jobs {
