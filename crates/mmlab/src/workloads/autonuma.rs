@@ -91,13 +91,13 @@ const fn metric(
 }
 
 const METRICS: &[Metric] = &[
+    metric("elapsed_ms", "ms", "wall time of the two halves", false),
     metric(
         "system_ms",
         "ms",
         "CPU time of NUMA balancing: scans, hint faults, migration copies",
         false,
     ),
-    metric("elapsed_ms", "ms", "wall time of the two halves", false),
     metric(
         "modelled_ms",
         "ms",
