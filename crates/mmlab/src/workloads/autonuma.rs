@@ -165,7 +165,7 @@ pub fn lab_scan_params() -> ScanParams {
 /// Sizes: the buffer of a numa01 group and the passes over it.
 fn sizes(quick: bool) -> (u64, u64) {
     if quick {
-        (2 << 20, 8)
+        (4 << 20, 8)
     } else {
         (32 << 20, 40)
     }
