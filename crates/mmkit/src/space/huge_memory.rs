@@ -124,11 +124,7 @@ impl SpaceInner {
     /// else changed it meanwhile) and the fault recorded (`numa_balance.rs`);
     /// huge pages are not migrated.
     pub(super) fn do_huge_pmd_numa_page(&self, vmf: &VmFault<'_>, slot: &AtomicU64, e: Pte) {
-        let restored = e.clear_numa_hint();
-        if slot
-            .compare_exchange(e.raw(), restored.raw(), Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
+        if super::mprotect::clear_numa_hint(slot, e) {
             self.numa_huge_hint_fault(vmf, e.pfn());
         }
     }

@@ -47,6 +47,7 @@ use mmkit_core::node::NodeMask;
 use mmkit_core::NodeReq;
 
 use super::memory::VmFault;
+use super::mprotect::{clear_numa_hint, set_numa_hint};
 use super::policy::allowed_nodes;
 use super::{Space, SpaceInner, Stat, PAGE};
 use crate::kthread::Kthread;
@@ -349,14 +350,7 @@ impl SpaceInner {
                     let probe = (a / PAGE).is_multiple_of(PROBE_EVERY);
                     if e.is_present()
                         && (probe || !skip(mm.node_of(e.pfn())))
-                        && slot
-                            .compare_exchange(
-                                e.raw(),
-                                e.mk_numa_hint().raw(),
-                                Ordering::AcqRel,
-                                Ordering::Acquire,
-                            )
-                            .is_ok()
+                        && set_numa_hint(slot, e)
                     {
                         marked += pages;
                         huge += u64::from(level == 1);
@@ -393,11 +387,7 @@ impl SpaceInner {
     /// `e`): restore it, record the fault, maybe migrate the page toward the
     /// faulting thread (see the header).
     pub(super) fn do_numa_page(&self, vmf: &VmFault<'_>, slot: &AtomicU64, e: Pte) {
-        let restored = e.clear_numa_hint();
-        if slot
-            .compare_exchange(e.raw(), restored.raw(), Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
+        if !clear_numa_hint(slot, e) {
             return; // changed meanwhile: the access retries anyway
         }
         let t0 = thread_cpu_ns();
