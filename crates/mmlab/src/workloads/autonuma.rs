@@ -173,12 +173,18 @@ fn sizes(quick: bool) -> (u64, u64) {
 
 pub struct Autonuma;
 
-/// One thread's job: which space, its node, its range.
+/// One thread's job: which space, its node, its range, and where in the range
+/// each pass starts: at part `(pass + phase) % parts` of `parts` equal parts,
+/// wrapping around (numa01's threads of a group start at different parts, and
+/// rotate, so which of them touches a page first changes from pass to pass and
+/// the hint faults are shared, as with the benchmark's many threads).
 struct Job {
     space: usize,
     node: usize,
     addr: u64,
     pages: u64,
+    phase: u64,
+    parts: u64,
 }
 
 /// A case's layout: spaces with buffers first touched, and the jobs.
@@ -213,17 +219,19 @@ fn layout(mm: &Mm, base: &str, threads: usize, buf: u64) -> Result<Layout> {
                 let a = s.mmap(buf as usize, MapFlags::empty())?;
                 touch_from(mm, &s, a, pages, 1 - g);
                 for t in 0..per {
-                    let (addr, n) = if base == "numa01" {
-                        (a, pages)
+                    let (addr, n, parts) = if base == "numa01" {
+                        (a, pages, per as u64)
                     } else {
                         let n = pages / per as u64;
-                        (a + t as u64 * n * PAGE, n)
+                        (a + t as u64 * n * PAGE, n, 1)
                     };
                     jobs.push(Job {
                         space: g,
                         node: g,
                         addr,
                         pages: n,
+                        phase: t as u64,
+                        parts: parts.max(1),
                     });
                 }
                 spaces.push(s);
@@ -246,6 +254,8 @@ fn layout(mm: &Mm, base: &str, threads: usize, buf: u64) -> Result<Layout> {
                     node: t % 2,
                     addr: a + t as u64 * n * PAGE,
                     pages: n,
+                    phase: 0,
+                    parts: 1,
                 });
             }
             spaces.push(s);
@@ -282,17 +292,19 @@ fn fill_nodes(mm: &Mm) -> Result<Space> {
     Ok(hog)
 }
 
-/// Runs every job for `passes` passes over its range.
-fn half(mm: &Mm, l: &Layout, passes: u64) {
+/// Runs every job for passes `first..first + passes` over its range.
+fn half(mm: &Mm, l: &Layout, first: u64, passes: u64) {
     std::thread::scope(|sc| {
         for j in &l.jobs {
             let s = &l.spaces[j.space];
             sc.spawn(move || {
                 mm.set_thread_node(j.node).ok();
                 let buf = [7u8; PAGE as usize];
-                for _ in 0..passes {
+                for p in first..first + passes {
+                    let start = (p + j.phase) % j.parts * (j.pages / j.parts);
                     for i in 0..j.pages {
-                        s.write(j.addr + i * PAGE, &buf).ok();
+                        let page = (start + i) % j.pages;
+                        s.write(j.addr + page * PAGE, &buf).ok();
                     }
                 }
             });
@@ -341,12 +353,12 @@ fn run_case(v: Variant, threads: usize, quick: bool, case: &str) -> Result<Vec<F
     let job_passes = |j: &Job| (passes * (buf / PAGE)).div_ceil(j.pages.max(1));
     let passes_of = job_passes(&l.jobs[0]);
     let t0 = Instant::now();
-    half(&mm, &l, passes_of / 2);
+    half(&mm, &l, 0, passes_of / 2);
     let (l1, r1) = accesses(&l);
     if recover {
         hog = None;
     }
-    half(&mm, &l, passes_of - passes_of / 2);
+    half(&mm, &l, passes_of / 2, passes_of - passes_of / 2);
     let elapsed = t0.elapsed().as_secs_f64() * 1e3;
     for s in &l.spaces {
         s.set_numa_balancing(false);
