@@ -85,6 +85,16 @@ pub const PG_LRU: u32 = 1 << 16;
 pub const PG_SWAPCACHE: u32 = 1 << 17;
 /// The page has been written since it was last cleaned.
 pub const PG_DIRTY: u32 = 1 << 18;
+/// Bits 22..32 of `flags` of a mapped data page (the head of a huge one): its
+/// last accessor for NUMA balancing (Linux's `last_cpupid` in the page flags),
+/// packed by mmkit's `numa_balancing::Cpupid::to_page_bits` (valid, node mod 8,
+/// the low 6 bits of the thread id). Written by the hint fault with
+/// [`Page::xchg_last_cpupid`] (CAS on the whole word, so the other bits are
+/// kept); a stale value on a reused page is only a weaker hint.
+pub const LAST_CPUPID_SHIFT: u32 = 22;
+/// Width of the last-accessor field.
+pub const LAST_CPUPID_BITS: u32 = 10;
+const LAST_CPUPID_MASK: u32 = ((1 << LAST_CPUPID_BITS) - 1) << LAST_CPUPID_SHIFT;
 
 #[inline]
 pub(crate) const fn mk_flags(state: PageState, order: u32, mt: u32) -> u32 {
@@ -180,6 +190,20 @@ impl Page {
     #[inline]
     pub fn refcount(&self) -> &AtomicU32 {
         &self.refcount
+    }
+    /// Replaces the last-accessor field (bits 22..32 of `flags`, see
+    /// [`LAST_CPUPID_SHIFT`]) by the low [`LAST_CPUPID_BITS`] of `v`; returns the
+    /// previous field. (O)/(P): any thread faulting on the mapped page.
+    #[inline]
+    pub fn xchg_last_cpupid(&self, v: u32) -> u32 {
+        let new = (v << LAST_CPUPID_SHIFT) & LAST_CPUPID_MASK;
+        let old = self
+            .flags
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
+                Some((f & !LAST_CPUPID_MASK) | new)
+            })
+            .unwrap_or_else(|f| f);
+        (old & LAST_CPUPID_MASK) >> LAST_CPUPID_SHIFT
     }
     /// `private` of a page-table page: its used-entry count, the number of
     /// non-zero entries (Linux keeps this in `struct ptdesc`). (O): raised by CAS

@@ -18,6 +18,7 @@ use mmkit_core::{
 
 use crate::compaction::{self, CompactConfig};
 use crate::kthread::Kthread;
+use crate::numa_balancing::{self, ScanParams, ScanPolicy};
 use crate::swapfile::SwapDevices;
 use crate::{arena, numa, platform, ClearStrategy, Error, Mm, MmInner, StdPlatform, Topology};
 use crate::{SwapAllocPolicy, SwapCacheIndex};
@@ -46,6 +47,14 @@ pub enum Variant {
     MmkitSwap2020,
     /// Linux 6.18: [`SwapAllocPolicy::PerCpuCluster`] and [`SwapCacheIndex::Table`].
     MmkitSwap618,
+    /// `Mmkit` with Linux's NUMA balancing scan policy as it is today
+    /// ([`ScanPolicy::FailBackoff`], seed 004).
+    MmkitNumabLinux,
+    /// `Mmkit` with Linux 4.0-rc1's ([`ScanPolicy::NoFailBackoff`]).
+    MmkitNumab40,
+    /// `Mmkit` whose spaces leave NUMA balancing off (the lab does not turn it
+    /// on; the builder's scan policy stays `Adaptive`).
+    MmkitNumabOff,
 }
 
 impl Variant {
@@ -69,11 +78,33 @@ impl Variant {
             Variant::MmkitSwap2019 => "mmkit-swap-2019",
             Variant::MmkitSwap2020 => "mmkit-swap-2020",
             Variant::MmkitSwap618 => "mmkit-swap-6.18",
+            Variant::MmkitNumabLinux => "mmkit-numab-linux",
+            Variant::MmkitNumab40 => "mmkit-numab-4.0",
+            Variant::MmkitNumabOff => "mmkit-numab-off",
         }
     }
+    /// The NUMA balancing variants (`mmkit` is the Adaptive one).
+    pub const NUMAB: [Variant; 4] = [
+        Variant::Mmkit,
+        Variant::MmkitNumabLinux,
+        Variant::MmkitNumab40,
+        Variant::MmkitNumabOff,
+    ];
     /// From a lab name.
     pub fn from_name(s: &str) -> Option<Variant> {
-        Variant::ALL.into_iter().find(|v| v.name() == s)
+        Variant::ALL
+            .into_iter()
+            .chain(Variant::NUMAB)
+            .find(|v| v.name() == s)
+    }
+    /// The NUMA balancing scan policy, or None where balancing stays off.
+    pub const fn numa_balancing(self) -> Option<ScanPolicy> {
+        match self {
+            Variant::MmkitNumabLinux => Some(ScanPolicy::FailBackoff),
+            Variant::MmkitNumab40 => Some(ScanPolicy::NoFailBackoff),
+            Variant::MmkitNumabOff => None,
+            _ => Some(ScanPolicy::Adaptive),
+        }
     }
     /// Anonymous fault-around batch: 16 pages for the mmkit policies, off (1) for
     /// the Linux baselines.
@@ -97,7 +128,10 @@ impl Variant {
             Variant::Mmkit
             | Variant::MmkitSwap2019
             | Variant::MmkitSwap2020
-            | Variant::MmkitSwap618 => (
+            | Variant::MmkitSwap618
+            | Variant::MmkitNumabLinux
+            | Variant::MmkitNumab40
+            | Variant::MmkitNumabOff => (
                 PcpPolicy::On,
                 MergePolicy::Lazy,
                 RefillPolicy::Cluster,
@@ -146,6 +180,7 @@ pub struct MmBuilder {
     swap_alloc: SwapAllocPolicy,
     swap_cache: SwapCacheIndex,
     kswapd: bool,
+    numab: (ScanPolicy, ScanParams, bool),
 }
 
 /// A quarter of RAM, capped at 4 GiB.
@@ -181,9 +216,28 @@ impl MmBuilder {
             swap_alloc: SwapAllocPolicy::PerCpuCluster,
             swap_cache: SwapCacheIndex::Table,
             kswapd: true,
+            numab: (ScanPolicy::Adaptive, ScanParams::default(), true),
         }
     }
 
+    /// How NUMA balancing adapts each space's scan period (default
+    /// [`ScanPolicy::Adaptive`]; a [`Variant`] sets it too).
+    pub fn numa_scan_policy(mut self, p: ScanPolicy) -> Self {
+        self.numab.0 = p;
+        self
+    }
+    /// The NUMA balancing scanner's settings (default: Linux's sysctls).
+    pub fn numa_scan_params(mut self, p: ScanParams) -> Self {
+        self.numab.1 = p;
+        self
+    }
+    /// A background scanner thread per space with NUMA balancing on (default
+    /// on); off, only [`Space::task_numa_work`](crate::Space::task_numa_work)
+    /// scans (tests drive it by hand).
+    pub fn numa_scan_thread(mut self, on: bool) -> Self {
+        self.numab.2 = on;
+        self
+    }
     /// The NUMA topology (default [`Topology::host`]: the host's nodes, one on
     /// most machines). The arena is split over its nodes in equal shares of
     /// 4 MiB blocks, each node a zone with its own watermarks, lists and
@@ -223,6 +277,9 @@ impl MmBuilder {
         v.apply(&mut self.cfg);
         self.fault_around = v.fault_around();
         (self.swap_alloc, self.swap_cache) = v.swap_policies();
+        if let Some(p) = v.numa_balancing() {
+            self.numab.0 = p;
+        }
         self
     }
     /// Anonymous fault-around: a fault on an order-0 mapping also populates up to
@@ -357,6 +414,12 @@ impl MmBuilder {
                 .map(|_| Kthread::new())
                 .collect(),
             wmark_high,
+            numab: numa_balancing::MmNumab {
+                policy: self.numab.0,
+                params: self.numab.1,
+                kthread: self.numab.2,
+                stats: Default::default(),
+            },
         });
         crate::kswapd::start_kswapd(&inner);
         if self.cfg.pcp == PcpPolicy::On && self.cfg.pcp_high == PcpHighPolicy::Auto {

@@ -69,8 +69,8 @@ pub use mmkit_core::{
 pub use mmkit_core::{NodeReq, NumaStats};
 pub use numa::NodeAccesses;
 pub use numa_balancing::{
-    should_numa_migrate_memory, Cpupid, GroupFaults, MigrateFail, MigrateQuery, ScanDecision,
-    ScanParams, ScanPeriod, ScanPolicy, ScanWindow,
+    should_numa_migrate_memory, Cpupid, GroupFaults, MigrateFail, MigrateQuery, NumabStats,
+    ScanDecision, ScanParams, ScanPeriod, ScanPolicy, ScanWindow,
 };
 pub use page_io::SwapBackend;
 pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
@@ -124,6 +124,9 @@ struct MmInner {
     kswapd: Vec<Kthread<bool>>,
     /// Per node, the high watermark summed over its zones (kswapd's goal).
     wmark_high: Vec<u64>,
+    /// Automatic NUMA balancing: the scan policy and settings of every space,
+    /// whether a background scanner runs, and the counters of all spaces.
+    numab: numa_balancing::MmNumab,
 }
 
 /// A memory manager over one arena. Cheap to clone; clones share the allocator.

@@ -22,6 +22,10 @@
 //!   (so the period is back to the minimum within two windows), and target nodes
 //!   found full are reported in [`ScanDecision::avoid_targets`] for two windows, so
 //!   the scanner does not arm PTEs whose only possible target is such a node.
+//!   A converged window (at least 9 in 10 faults local, nothing migrated or
+//!   failed) slows down as an idle one does (the period doubles): the scanner
+//!   costs little once pages sit where they are used, without Linux's trick of
+//!   never forgetting a failure.
 //!   It also reads "no faults" as no hint faults at all, where Linux tests
 //!   `local + shared == 0` and so slows down a window of private remote faults.
 //!
@@ -327,13 +331,23 @@ impl ScanPeriod {
         for (aged, &now) in self.aged.iter_mut().zip(&w.failed) {
             *aged = *aged / 2 + now;
         }
-        let had_failures = self.backoff > 0 || self.aged.iter().any(|&a| a > 0);
+        // Only resource failures (a full node, rate limiting) hold misplaced
+        // pages back; a few busy pages are not a reason to rescan at full rate.
+        let had_failures = self.backoff > 0
+            || self.aged[MigrateFail::NodeFull as usize] > 0
+            || self.aged[MigrateFail::RateLimited as usize] > 0;
         let (fails, migrated) = (w.failed_total(), w.migrated);
+        // Converged: at least 9 in 10 faults local and nothing left to move.
+        let converged = w.hint_faults() > 0
+            && w.faults_remote * 10 <= w.hint_faults()
+            && migrated == 0
+            && fails == 0;
 
         // The base follows locality on this window alone (nothing is kept). No
-        // hint fault at all means idle: slower (Linux's `local + shared == 0`
-        // also slows down a window of private faults that stayed remote).
-        self.base_ms = if w.hint_faults() == 0 {
+        // hint fault at all means idle, and a converged window has nothing to
+        // do either: slower (Linux's `local + shared == 0` also slows down a
+        // window of private faults that stayed remote).
+        self.base_ms = if w.hint_faults() == 0 || converged {
             max.min(self.base_ms.max(min) << 1)
         } else {
             let (local, remote) = (w.faults_local, w.faults_remote);
@@ -459,6 +473,25 @@ impl Cpupid {
         }
     }
 
+    /// The 10-bit form kept in a page descriptor's flags (mmkit-core's
+    /// `LAST_CPUPID_SHIFT`): valid bit, node mod 8, the low 6 bits of the id.
+    /// Compare only values that went through the same packing.
+    pub const fn to_page_bits(self) -> u32 {
+        if self.is_unset() {
+            return 0;
+        }
+        let node = (self.0 >> CPUPID_PID_BITS) & 7;
+        (1 << 9) | (node << 6) | (self.0 & 0x3f)
+    }
+
+    /// From the 10-bit form of [`to_page_bits`](Self::to_page_bits).
+    pub const fn from_page_bits(bits: u32) -> Cpupid {
+        if bits & (1 << 9) == 0 {
+            return Cpupid::UNSET;
+        }
+        Cpupid::new(((bits >> 6) & 7) as usize, bits & 0x3f)
+    }
+
     /// True when both name the same thread (low bits of the id).
     pub const fn same_pid(self, other: Cpupid) -> bool {
         !self.is_unset() && !other.is_unset() && (self.0 ^ other.0) & CPUPID_PID_MASK == 0
@@ -525,6 +558,22 @@ pub fn should_numa_migrate_memory(q: &MigrateQuery) -> bool {
     }
     g.cpu_dst * g.mem_src * 3 > g.cpu_src * g.mem_dst * 4
 }
+
+/// The NUMA balancing settings and counters of one Mm (`MmBuilder`).
+#[derive(Default)]
+pub(crate) struct MmNumab {
+    pub(crate) policy: ScanPolicy,
+    pub(crate) params: ScanParams,
+    /// A background scanner per space that turns balancing on (else only
+    /// `Space::task_numa_work` scans).
+    pub(crate) kthread: bool,
+    /// All spaces' counters summed.
+    pub(crate) stats: NumabCounters,
+}
+
+mod counters;
+pub use counters::NumabStats;
+pub(crate) use counters::{NumabCounters, NumabStat};
 
 #[cfg(test)]
 mod tests;

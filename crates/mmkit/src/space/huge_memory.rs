@@ -120,15 +120,13 @@ impl SpaceInner {
     }
 
     /// Linux's `do_huge_pmd_numa_page`: a NUMA-hinting fault on the huge PMD
-    /// `slot` (which held `e`). Without migration for now: the PMD is made present
-    /// again (unless something else changed it meanwhile).
-    pub(super) fn do_huge_pmd_numa_page(&self, slot: &AtomicU64, e: Pte) {
-        let _ = slot.compare_exchange(
-            e.raw(),
-            e.clear_numa_hint().raw(),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
+    /// `slot` (which held `e`): the PMD is made present again (unless something
+    /// else changed it meanwhile) and the fault recorded (`numa_balance.rs`);
+    /// huge pages are not migrated.
+    pub(super) fn do_huge_pmd_numa_page(&self, vmf: &VmFault<'_>, slot: &AtomicU64, e: Pte) {
+        if super::mprotect::clear_numa_hint(slot, e) {
+            self.numa_huge_hint_fault(vmf, e.pfn());
+        }
     }
 
     /// Linux's `split_huge_pmd`: replaces the huge PMD covering `addr` (if any) by

@@ -116,7 +116,7 @@ impl SpaceInner {
             let e = Pte::from_raw(pmd_slot.load(Ordering::Acquire));
             if e.is_huge() {
                 if e.is_numa_hint() {
-                    self.do_huge_pmd_numa_page(pmd_slot, e);
+                    self.do_huge_pmd_numa_page(vmf, pmd_slot, e);
                 }
                 return Ok(());
             }
@@ -149,25 +149,13 @@ impl SpaceInner {
             return Ok(());
         }
         if e.is_numa_hint() {
-            self.do_numa_page(slot, e);
+            self.do_numa_page(vmf, slot, e); // numa_balance.rs
             return Ok(());
         }
         if e.is_swap() {
             return self.do_swap_page(vmf, slot, e);
         }
         Ok(()) // present: a racing fault installed it
-    }
-
-    /// Linux's `do_numa_page`: a NUMA-hinting fault on the PTE `slot` (which held
-    /// `e`). Without migration for now: the entry is made present again (unless
-    /// something else changed it meanwhile, and then the access retries anyway).
-    fn do_numa_page(&self, slot: &AtomicU64, e: Pte) {
-        let _ = slot.compare_exchange(
-            e.raw(),
-            e.clear_numa_hint().raw(),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
     }
 
     /// Linux's `do_anonymous_page`: a cleared order-0 page at `addr`, and, with

@@ -18,6 +18,8 @@
 //! - `huge_memory.rs`: huge (order-9) faults, PMD split and zap.
 //! - `zap.rs`: unmap: `mmu_gather`, `zap_*`, freeing tables, parallel free.
 //! - `mprotect.rs`: `change_prot_numa`.
+//! - `numa_balance.rs`: automatic NUMA balancing: the scanner
+//!   (`task_numa_work`), the hint fault's record and migration, the counters.
 //!
 //! What is reached from a page (pfn -> reverse map -> space) lives at the top
 //! level: `rmap.rs` (the walk, the page lock, **the lock order**), `migrate.rs`
@@ -50,6 +52,7 @@ mod memory;
 mod mmap;
 mod mmu;
 mod mprotect;
+mod numa_balance;
 mod pagewalk;
 mod policy;
 mod swap;
@@ -192,6 +195,8 @@ pub(crate) struct SpaceInner {
     nr_vmas: AtomicU64,
     /// The memory policies of the space and its ranges (`policy.rs`).
     policies: policy::Policies,
+    /// Automatic NUMA balancing (`numa_balance.rs`).
+    numab: numa_balance::SpaceNumab,
 }
 
 impl Mm {
@@ -213,6 +218,7 @@ impl Mm {
             stats: Counters::new(self.config().nr_cpus),
             nr_vmas: AtomicU64::new(0),
             policies: policy::Policies::default(),
+            numab: Default::default(),
         });
         inner.stats.add(Stat::PgTables, 1);
         self.spaces().publish(id, &inner);

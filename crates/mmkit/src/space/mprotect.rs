@@ -1,6 +1,7 @@
 //! Changing the protection of present entries (Linux's `mm/mprotect.c`):
-//! `change_prot_numa`, which turns present leaves into NUMA-hinting entries for
-//! the NUMA balancing scanner. The hinting fault that restores them is
+//! `change_prot_numa`, which turns present leaves into NUMA-hinting entries, and
+//! the two entry changes the NUMA balancing scanner and hint faults use
+//! (`set_numa_hint`, `clear_numa_hint`). The hinting fault that restores them is
 //! `do_numa_page` / `do_huge_pmd_numa_page` (`memory.rs`, `huge_memory.rs`).
 //!
 //! Invariants: only present leaves change, by CAS (an entry that changed meanwhile
@@ -9,10 +10,26 @@
 //!
 //! Locking: the shared VMA lock only; no page lock.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{Space, PAGE};
-use crate::pgtable::{PMD_SIZE, TASK_SIZE};
+use crate::pgtable::{Pte, PMD_SIZE, TASK_SIZE};
+
+/// Turns the present leaf `e` in `slot` into a NUMA-hinting entry; false when
+/// the entry changed meanwhile.
+pub(super) fn set_numa_hint(slot: &AtomicU64, e: Pte) -> bool {
+    let hint = e.mk_numa_hint();
+    slot.compare_exchange(e.raw(), hint.raw(), Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+}
+
+/// Makes the NUMA-hinting entry `e` in `slot` present again (the hint fault's
+/// first step); false when the entry changed meanwhile.
+pub(super) fn clear_numa_hint(slot: &AtomicU64, e: Pte) -> bool {
+    let present = e.clear_numa_hint();
+    slot.compare_exchange(e.raw(), present.raw(), Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+}
 
 impl Space {
     /// Linux's `change_prot_numa`: turns the present leaves mapping
@@ -34,16 +51,7 @@ impl Space {
                 if level == 1 {
                     step = (a & !(PMD_SIZE - 1)) + PMD_SIZE - a;
                 }
-                if e.is_present()
-                    && slot
-                        .compare_exchange(
-                            e.raw(),
-                            e.mk_numa_hint().raw(),
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                        )
-                        .is_ok()
-                {
+                if e.is_present() && set_numa_hint(slot, e) {
                     changed += 1;
                 }
             }

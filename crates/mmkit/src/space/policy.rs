@@ -71,7 +71,7 @@ impl Policies {
     }
 
     /// The policy in force for `vma`: its range policy, else the space's.
-    fn effective(&self, vma: &Vma) -> Arc<MemPolicy> {
+    pub(super) fn effective(&self, vma: &Vma) -> Arc<MemPolicy> {
         let idx = if vma.pol != 0 {
             vma.pol
         } else {
@@ -101,7 +101,7 @@ fn interleaves(p: &MemPolicy) -> bool {
 
 /// The nodes a page under `p` may stay on (`mbind`'s MOVE moves the others);
 /// `None`: anywhere (`Default`).
-fn allowed_nodes(p: &MemPolicy, thread_node: usize) -> Option<NodeMask> {
+pub(super) fn allowed_nodes(p: &MemPolicy, thread_node: usize) -> Option<NodeMask> {
     match p {
         MemPolicy::Default => None,
         MemPolicy::Local => Some(NodeMask::from_nodes(&[thread_node])),

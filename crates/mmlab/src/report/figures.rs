@@ -5,8 +5,10 @@
 //! mmkit-eager; page_fault1 (both cases), mmkit against the kernel at 2 threads
 //! and against clear-only at 1 thread; clear_huge, mmkit against the best raw
 //! loop (1GiB) and against the kernel (2MiB); highalloc's success and
-//! order0_thp_mix's two scores, mmkit against mmkit-eager. A figure whose inputs
-//! were not measured says so.
+//! order0_thp_mix's two scores, mmkit against mmkit-eager; autonuma at 4
+//! threads (the seed's direction and mmkit's scan policy in numa01-full, the
+//! recovery in numa01-recover, convergence and cost in numa02 and
+//! numa01_THREAD_ALLOC). A figure whose inputs were not measured says so.
 
 use crate::record::{lookup, lookup_case, Record};
 
@@ -17,6 +19,10 @@ enum Target {
     Times(f64),
     /// At least this percentage, printed as `85.0%`.
     Pct(f64),
+    /// At most this factor, printed as `0.60x`.
+    AtMost(f64),
+    /// Within this fraction of 1 either way, printed as `1.05x`.
+    Within(f64),
 }
 
 /// A value as the tables print it: no decimals from 1000 up, else two.
@@ -84,15 +90,21 @@ fn target_ratio(
         (Some(x), Some(y)) if y > 0.0 => {
             let r = x / y;
             let (shown, want, met) = match target {
-                Target::Times(k) => (format!("{r:.2}x"), format!("{k}x"), r >= k),
+                Target::Times(k) => (format!("{r:.2}x"), format!(">= {k}x"), r >= k),
                 Target::Pct(p) => (
                     format!("{:.1}%", r * 100.0),
-                    format!("{p}%"),
+                    format!(">= {p}%"),
                     r * 100.0 >= p,
+                ),
+                Target::AtMost(k) => (format!("{r:.2}x"), format!("<= {k}x"), r <= k),
+                Target::Within(f) => (
+                    format!("{r:.2}x"),
+                    format!("within {}%", f * 100.0),
+                    (r - 1.0).abs() <= f,
                 ),
             };
             format!(
-                "{head} = {shown} ({} vs {} {unit}; target >= {want}: {})",
+                "{head} = {shown} ({} vs {} {unit}; target {want}: {})",
                 num(x),
                 num(y),
                 if met { "met" } else { "not met" }
@@ -123,6 +135,82 @@ fn ratio(records: &[Record], workload: &str, threads: usize, a: &str, b: &str) -
     ) {
         (Some(x), Some(y)) if y > 0.0 => format!("{head} = {:.2}x ({x:.0} vs {y:.0} 1/s)", x / y),
         _ => format!("{head}: not measured"),
+    }
+}
+
+/// One variant's value of `metric` in `case` against a floor, as a line.
+fn case_floor(
+    records: &[Record],
+    workload: &str,
+    case: &str,
+    threads: usize,
+    metric: &str,
+    variant: &str,
+    floor: f64,
+) -> String {
+    let head = format!("{workload} ({case}) @ {threads} threads: {variant} {metric}");
+    match lookup_case(records, workload, variant, threads, metric, case) {
+        Some(x) => format!(
+            "{head} = {} (target >= {floor}: {})",
+            num(x),
+            if x >= floor { "met" } else { "not met" }
+        ),
+        None => format!("{head}: not measured"),
+    }
+}
+
+/// The autonuma figures of issue 14 (4 threads).
+fn autonuma(records: &[Record], out: &mut Vec<String>) {
+    let w = "autonuma";
+    let (linux, v40) = ("mmkit-numab-linux", "mmkit-numab-4.0");
+    for metric in ["system_ms", "pte_updates", "hint_faults"] {
+        let t = Target::AtMost(0.6);
+        out.push(case_ratio(
+            records,
+            w,
+            "numa01-full",
+            4,
+            metric,
+            linux,
+            v40,
+            t,
+        ));
+    }
+    let t = Target::AtMost(0.8);
+    out.push(case_ratio(
+        records,
+        w,
+        "numa01-full",
+        4,
+        "system_ms",
+        "mmkit",
+        linux,
+        t,
+    ));
+    let (m, t) = ("local_access_pct_after", Target::Times(1.2));
+    out.push(case_ratio(
+        records,
+        w,
+        "numa01-recover",
+        4,
+        m,
+        "mmkit",
+        linux,
+        t,
+    ));
+    for case in ["numa02", "numa01_THREAD_ALLOC"] {
+        out.push(case_floor(records, w, case, 4, m, "mmkit", 90.0));
+        let t = Target::Within(0.1);
+        out.push(case_ratio(
+            records,
+            w,
+            case,
+            4,
+            "system_ms",
+            "mmkit",
+            linux,
+            t,
+        ));
     }
 }
 
@@ -209,6 +297,7 @@ pub fn figures(records: &[Record]) -> Vec<String> {
             Target::Times(k),
         ));
     }
+    autonuma(records, &mut out);
     out
 }
 
@@ -254,7 +343,7 @@ mod tests {
             "alloc_free_batch @ 8 threads: zone_lock_contended_pct mmkit 1.50%"
         );
         assert!(f[3].ends_with("not measured"));
-        assert_eq!(f.len(), 13);
+        assert_eq!(f.len(), 22);
         assert!(f[4..].iter().all(|l| l.ends_with("not measured")));
     }
 
@@ -335,5 +424,47 @@ mod tests {
              (3000000 vs 2000000 ; target >= 1.2x: met)"
         );
         assert!(f[12].contains("thp_score = 1.00x") && f[12].ends_with("met)"));
+    }
+
+    fn an(variant: &str, case: &str, metric: &str, value: f64) -> Record {
+        let mut r = rec("autonuma", variant, 4, metric, value);
+        r.case = Some(case.into());
+        r
+    }
+
+    #[test]
+    fn autonuma_figures_come_from_case_records() {
+        let recs = vec![
+            an("mmkit-numab-linux", "numa01-full", "system_ms", 30.0),
+            an("mmkit-numab-4.0", "numa01-full", "system_ms", 60.0),
+            an("mmkit", "numa01-full", "system_ms", 27.0),
+            an("mmkit", "numa01-recover", "local_access_pct_after", 90.0),
+            an(
+                "mmkit-numab-linux",
+                "numa01-recover",
+                "local_access_pct_after",
+                50.0,
+            ),
+            an("mmkit", "numa02", "local_access_pct_after", 95.0),
+            an("mmkit", "numa02", "system_ms", 12.0),
+            an("mmkit-numab-linux", "numa02", "system_ms", 10.0),
+        ];
+        let f = figures(&recs);
+        assert_eq!(f.len(), 22);
+        assert_eq!(
+            f[13],
+            "autonuma (numa01-full) @ 4 threads: mmkit-numab-linux / mmkit-numab-4.0 \
+             system_ms = 0.50x (30.00 vs 60.00 ; target <= 0.6x: met)"
+        );
+        assert!(f[14].ends_with("not measured") && f[15].ends_with("not measured"));
+        assert!(f[16].contains("= 0.90x") && f[16].ends_with("target <= 0.8x: not met)"));
+        assert!(f[17].contains("= 1.80x") && f[17].ends_with("met)"));
+        assert_eq!(
+            f[18],
+            "autonuma (numa02) @ 4 threads: mmkit local_access_pct_after = 95.00 \
+             (target >= 90: met)"
+        );
+        assert!(f[19].contains("= 1.20x") && f[19].ends_with("within 10%: not met)"));
+        assert!(f[20].ends_with("not measured") && f[21].ends_with("not measured"));
     }
 }

@@ -11,6 +11,7 @@ mod alloc_free;
 mod alloc_free_batch;
 mod alloc_free_orders;
 mod anon_w_seq;
+mod autonuma;
 mod clear_huge;
 mod cross_cpu_free;
 mod highalloc;
@@ -191,6 +192,7 @@ pub fn all() -> Vec<&'static dyn Workload> {
         &highalloc::HighAlloc,
         &order0_thp_mix::Order0ThpMix,
         &pmbench::Pmbench,
+        &autonuma::Autonuma,
     ]
 }
 
@@ -533,7 +535,9 @@ mod tests {
                     // the mmkit variants need swap in the library.
                     let may_skip = v.name == "kernel-hugetlb"
                         || w.name() == "pmbench"
-                        || (t > 1 && (w.name() == "clear_huge" || v.name == "kernel"));
+                        || (t > 1 && (w.name() == "clear_huge" || v.name == "kernel"))
+                        // autonuma's kernel needs a multi-node host.
+                        || (w.name() == "autonuma" && v.name == "kernel");
                     assert!(
                         may_skip || !vals.is_empty(),
                         "{} / {} at {t} threads measured nothing: {f:?}",

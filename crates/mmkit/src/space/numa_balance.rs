@@ -1,0 +1,536 @@
+//! Automatic NUMA balancing of one space (Linux's `task_numa_work`,
+//! `do_numa_page`'s migration half, `task_numa_fault` and `task_numa_placement`
+//! in `kernel/sched/fair.c` and `mm/memory.c`). The policy (scan period, the
+//! two-stage filter) is `numa_balancing.rs`; this file is the mechanism:
+//!
+//! - [`Space::task_numa_work`] ends the current scan window (its record goes to
+//!   [`ScanPeriod::update`], which gives the next period and the nodes to avoid)
+//!   and turns up to `scan_size` of present PTEs and huge PMDs into NUMA-hint
+//!   entries, from where the previous pass stopped; a pass that reaches the end of
+//!   the space starts a new scan sequence (fault statistics halved, preferred
+//!   node chosen). Under `Adaptive`, an entry whose page could only move to a
+//!   node found full is left alone, but for one in `PROBE_EVERY` (by address),
+//!   whose faults tell when the node accepts pages again.
+//! - The automatic scanner is a background thread per space (`kthread.rs`,
+//!   `MmBuilder::numa_scan_thread`, on by default) that wakes every tenth of the
+//!   minimum period and runs `task_numa_work` once the period has elapsed (wall
+//!   clock; Linux counts the task's CPU time), or, under `Adaptive`, as soon as
+//!   a node it avoids as full has free pages above its high watermark again
+//!   (a pass also stops avoiding such a node): recovery does not wait out a
+//!   backed-off period.
+//! - `do_numa_page` (dispatched from `memory.rs`) restores the entry, swaps the
+//!   page's last accessor (`Page::xchg_last_cpupid`), and, for a page on another
+//!   node than the faulting thread, asks `should_numa_migrate_memory`, checks the
+//!   range's policy, allocates on the thread's node with `Gfp::THISNODE` and
+//!   migrates with `migrate.rs`. Every outcome is counted by cause.
+//! - The thread CPU time of all of it is added to the space's `system_ns`.
+//!
+//! Only the default and local policies, and `Bind` whose mask holds the thread's
+//! node, let a page move; other policies place pages themselves (refused by
+//! policy, as Linux without `MPOL_F_MOF`). Huge pages and sub-pages of split huge
+//! pages take hint faults (recorded) but are not migrated (`migrate.rs` moves
+//! order-0 pages only).
+//!
+//! Invariants: the counters are exact (`counters.rs`); `hint faults = local +
+//! remote`; every migration attempt ends in exactly one of success or one cause.
+//! Locking: `ScanState` is under its mutex (a leaf, held for bookkeeping only,
+//! never across a page-table walk, an allocation or a migration); the scan runs
+//! under the shared VMA lock like `change_prot_numa`; the hint fault's migration
+//! runs inside the fault (shared VMA lock held) and only try-locks (`migrate.rs`).
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use mmkit_core::node::NodeMask;
+use mmkit_core::NodeReq;
+
+use super::memory::VmFault;
+use super::mprotect::{clear_numa_hint, set_numa_hint};
+use super::policy::allowed_nodes;
+use super::{Space, SpaceInner, Stat, PAGE};
+use crate::kthread::Kthread;
+use crate::mempolicy::MemPolicy;
+use crate::migrate::migrate_page;
+use crate::numa_balancing::{
+    should_numa_migrate_memory, Cpupid, MigrateFail, MigrateQuery, NumabCounters, NumabStat,
+    NumabStats, ScanPeriod, ScanWindow,
+};
+use crate::pgtable::{desc, Pte, HPAGE_PMD_NR, PMD_SIZE};
+use crate::rmap::RmapWalkControl;
+use crate::{Gfp, Pfn};
+
+/// Linux: a pass looks at no more than this many times `scan_size` of virtual
+/// space (holes and non-present entries included).
+const VIRT_SCAN_FACTOR: u64 = 8;
+/// Adaptive: of the entries whose only targets are full nodes, one in this many
+/// is still armed, a probe that sees the node accept pages again.
+const PROBE_EVERY: u64 = 16;
+/// Scan sequences during which any first or private fault migrates at once.
+const EARLY_SEQS: u64 = 4;
+
+/// The balancing state of one space.
+#[derive(Default)]
+pub(super) struct SpaceNumab {
+    enabled: AtomicBool,
+    stats: NumabCounters,
+    /// Scan sequences completed (read without the lock by the fault path).
+    scan_seq: AtomicU64,
+    /// The preferred node + 1 (0: none yet).
+    preferred: AtomicU32,
+    state: Mutex<Option<ScanState>>,
+    kthread: Mutex<Option<Kthread<()>>>,
+}
+
+/// The scanner's bookkeeping.
+struct ScanState {
+    period: ScanPeriod,
+    window: ScanWindow,
+    /// Where the next pass starts.
+    next_addr: u64,
+    /// When the automatic scanner runs next.
+    next_scan: Instant,
+    /// Nodes not worth arming PTEs for (the last decision's `avoid_targets`).
+    avoid: NodeMask,
+    /// Hint faults (pages) by memory node x CPU node, halved each sequence.
+    faults: Vec<u64>,
+    nr_nodes: usize,
+}
+
+impl ScanState {
+    /// Linux's `task_numa_placement`: the node with the most faults on its
+    /// memory becomes the preferred node, then every count is halved.
+    fn placement(&mut self) -> Option<usize> {
+        let n = self.nr_nodes;
+        let per_mem = |m: usize| self.faults[m * n..(m + 1) * n].iter().sum::<u64>();
+        let best = (0..n).max_by_key(|&m| (per_mem(m), std::cmp::Reverse(m)));
+        let best = best.filter(|&m| per_mem(m) > 0);
+        for f in &mut self.faults {
+            *f /= 2;
+        }
+        best
+    }
+
+    /// The CPU nodes that faulted on this space lately (the possible targets).
+    fn cpu_nodes(&self) -> NodeMask {
+        let n = self.nr_nodes;
+        (0..n)
+            .filter(|&c| (0..n).any(|m| self.faults[m * n + c] > 0))
+            .collect()
+    }
+}
+
+thread_local! {
+    /// A small per-thread id for the last-accessor field (Linux's pid bits).
+    static TID: Cell<u32> = const { Cell::new(0) };
+}
+static NEXT_TID: AtomicU32 = AtomicU32::new(1);
+
+fn thread_pid() -> u32 {
+    TID.with(|t| {
+        if t.get() == 0 {
+            t.set(NEXT_TID.fetch_add(1, Ordering::Relaxed));
+        }
+        t.get()
+    })
+}
+
+/// This thread's CPU time in ns (`CLOCK_THREAD_CPUTIME_ID`, a vDSO call).
+pub(crate) fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant the
+    // kernel knows. On failure `ts` stays zero, which only loses accounting.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The nodes of `mask` short of memory: free pages at or below the high
+/// watermark (where Linux's `migrate_misplaced_folio_prepare` refuses).
+fn still_full(mm: &crate::Mm, mask: NodeMask) -> NodeMask {
+    mm.zone_info()
+        .iter()
+        .filter(|z| mask.contains(z.node) && z.nr_free + z.nr_pcp <= z.wmark[2])
+        .map(|z| z.node)
+        .collect()
+}
+
+impl SpaceNumab {
+    fn lock(&self) -> MutexGuard<'_, Option<ScanState>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Space {
+    /// Turns automatic NUMA balancing of this space on or off (off by default).
+    /// On, with `MmBuilder::numa_scan_thread` (the default), a background
+    /// scanner runs [`task_numa_work`](Self::task_numa_work) every scan period
+    /// (after `scan_delay_ms`); hint faults migrate pages toward the threads
+    /// that use them. Off, the scanner stops; entries already armed still fault
+    /// and are restored, without migration. No-op with one node.
+    pub fn set_numa_balancing(&self, on: bool) {
+        let inner = &self.inner;
+        let mm = &inner.mm;
+        if mm.nr_nodes() < 2 {
+            return;
+        }
+        inner.numab.enabled.store(on, Ordering::Release);
+        {
+            let mut st = inner.numab.lock();
+            if on && st.is_none() {
+                *st = Some(inner.new_scan_state());
+            }
+        }
+        let mut kt = inner
+            .numab
+            .kthread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if !on {
+            *kt = None;
+            return;
+        }
+        let cfg = &mm.inner.numab;
+        if kt.is_some() || !cfg.kthread {
+            return;
+        }
+        let k = Kthread::new();
+        let weak = Arc::downgrade(&self.inner);
+        let tick = Duration::from_millis((cfg.params.period_min_ms / 10).clamp(1, 100));
+        k.start("numa_scan", tick, move |()| {
+            let Some(s) = weak.upgrade() else {
+                return false;
+            };
+            // Due, or (Adaptive) a node it avoids has room again: scan now rather
+            // than wait out the backed-off period.
+            let (due, avoid) = s
+                .numab
+                .lock()
+                .as_ref()
+                .map_or((false, NodeMask::default()), |st| {
+                    (Instant::now() >= st.next_scan, st.avoid)
+                });
+            let due = due || (!avoid.is_empty() && still_full(&s.mm, avoid) != avoid);
+            if due && s.numab.enabled.load(Ordering::Acquire) {
+                s.task_numa_work();
+            }
+            true
+        });
+        *kt = Some(k);
+    }
+
+    /// Is NUMA balancing on for this space?
+    pub fn numa_balancing(&self) -> bool {
+        self.inner.numab.enabled.load(Ordering::Acquire)
+    }
+
+    /// One scan pass now (Linux's `task_numa_work`): ends the scan window, sets
+    /// the next period, and turns up to `scan_size` of present PTEs and huge PMDs
+    /// (512 pages each) into NUMA-hint entries, from where the previous pass
+    /// stopped. Returns the pages marked (`numa_pte_updates` added). 0 with
+    /// balancing off.
+    pub fn task_numa_work(&self) -> u64 {
+        self.inner.task_numa_work()
+    }
+
+    /// The NUMA balancing counters of this space.
+    pub fn numa_balancing_stats(&self) -> NumabStats {
+        self.inner.numab.stats.snapshot()
+    }
+
+    /// The current scan period in ms (None before balancing was turned on).
+    pub fn numa_scan_period_ms(&self) -> Option<u64> {
+        self.inner
+            .numab
+            .lock()
+            .as_ref()
+            .map(|s| s.period.period_ms())
+    }
+
+    /// The preferred node from the fault statistics (None until a scan
+    /// sequence with hint faults completed).
+    pub fn numa_preferred_node(&self) -> Option<usize> {
+        self.inner.preferred_node()
+    }
+}
+
+impl SpaceInner {
+    fn new_scan_state(&self) -> ScanState {
+        let mm = &self.mm;
+        let cfg = &mm.inner.numab;
+        let n = mm.nr_nodes();
+        ScanState {
+            period: ScanPeriod::new(cfg.policy, cfg.params, self.stats.get(Stat::Rss)),
+            window: ScanWindow::default(),
+            next_addr: 0,
+            next_scan: Instant::now() + Duration::from_millis(cfg.params.scan_delay_ms),
+            avoid: NodeMask::default(),
+            faults: vec![0; n * n],
+            nr_nodes: n,
+        }
+    }
+
+    fn preferred_node(&self) -> Option<usize> {
+        let p = self.numab.preferred.load(Ordering::Relaxed);
+        (p > 0).then(|| p as usize - 1)
+    }
+
+    /// Counts in the space's and the Mm's counters.
+    fn numab_add(&self, s: NumabStat, v: u64) {
+        self.numab.stats.add(s, v);
+        self.mm.inner.numab.stats.add(s, v);
+    }
+
+    fn numab_fail(&self, cause: MigrateFail) {
+        self.numab.stats.add_fail(cause, 1);
+        self.mm.inner.numab.stats.add_fail(cause, 1);
+    }
+
+    fn task_numa_work(&self) -> u64 {
+        if !self.numab.enabled.load(Ordering::Acquire) {
+            return 0;
+        }
+        let t0 = thread_cpu_ns();
+        let mm = &self.mm;
+        let params = mm.inner.numab.params;
+        let rss = self.stats.get(Stat::Rss);
+        let (start, avoid, targets) = {
+            let mut g = self.numab.lock();
+            let Some(st) = g.as_mut() else {
+                return 0;
+            };
+            let w = std::mem::take(&mut st.window);
+            let d = st.period.update(&w, rss);
+            st.avoid = d.avoid_targets;
+            st.next_scan = Instant::now() + Duration::from_millis(d.period_ms);
+            (st.next_addr, st.avoid, st.cpu_nodes())
+        };
+        // A node avoided since the last window that has room again is not.
+        let avoid = if avoid.is_empty() {
+            avoid
+        } else {
+            still_full(mm, avoid)
+        };
+        let budget = (params.scan_size_mb.max(1) << 20) / PAGE;
+        let virt_budget = budget * VIRT_SCAN_FACTOR;
+        let all: NodeMask = (0..mm.nr_nodes()).collect();
+        let targets = if targets.is_empty() { all } else { targets };
+        // Would a page on `node` only have full nodes to go to?
+        let skip = |node: usize| {
+            if avoid.is_empty() {
+                return false;
+            }
+            let mut t = targets;
+            t.remove(node);
+            !t.is_empty() && t.iter().all(|n| avoid.contains(n))
+        };
+        let (mut marked, mut huge, mut seen) = (0u64, 0u64, 0u64);
+        let mut next = 0u64; // 0: the end of the space was reached
+        {
+            let g = self.read_lock();
+            'vmas: for vma in g.map.values().filter(|v| v.end > start) {
+                let mut a = vma.start.max(start);
+                while a < vma.end {
+                    if marked >= budget || seen >= virt_budget {
+                        next = a;
+                        break 'vmas;
+                    }
+                    let Some((slot, e, level)) = self.follow_pte(&g, a) else {
+                        // No table: the rest of this PMD is empty.
+                        let n = ((a | (PMD_SIZE - 1)) + 1).min(vma.end);
+                        seen += (n - a) / PAGE;
+                        a = n;
+                        continue;
+                    };
+                    let pages = if level == 1 { HPAGE_PMD_NR } else { 1 };
+                    seen += pages;
+                    let probe = (a / PAGE).is_multiple_of(PROBE_EVERY);
+                    if e.is_present()
+                        && (probe || !skip(mm.node_of(e.pfn())))
+                        && set_numa_hint(slot, e)
+                    {
+                        marked += pages;
+                        huge += u64::from(level == 1);
+                    }
+                    a = if level == 1 {
+                        (a & !(PMD_SIZE - 1)) + PMD_SIZE
+                    } else {
+                        a + PAGE
+                    };
+                }
+            }
+        }
+        {
+            let mut g = self.numab.lock();
+            if let Some(st) = g.as_mut() {
+                st.next_addr = next;
+                if next == 0 {
+                    let p = st.placement();
+                    if let Some(p) = p {
+                        self.numab.preferred.store(p as u32 + 1, Ordering::Relaxed);
+                    }
+                    self.numab.scan_seq.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        self.numab_add(NumabStat::PteUpdates, marked);
+        self.numab_add(NumabStat::HugePteUpdates, huge);
+        self.numab_add(NumabStat::ScanPasses, 1);
+        self.numab_add(NumabStat::SystemNs, thread_cpu_ns().saturating_sub(t0));
+        marked
+    }
+
+    /// Linux's `do_numa_page`: a NUMA-hinting fault on the PTE `slot` (which held
+    /// `e`): restore it, record the fault, maybe migrate the page toward the
+    /// faulting thread (see the header).
+    pub(super) fn do_numa_page(&self, vmf: &VmFault<'_>, slot: &AtomicU64, e: Pte) {
+        if !clear_numa_hint(slot, e) {
+            return; // changed meanwhile: the access retries anyway
+        }
+        let t0 = thread_cpu_ns();
+        let migratable = !e.is_compound();
+        self.numa_hint_fault(vmf, e.pfn(), 1, migratable);
+        self.numab_add(NumabStat::SystemNs, thread_cpu_ns().saturating_sub(t0));
+    }
+
+    /// A hint fault on a huge PMD, already restored: recorded for its 512 pages,
+    /// not migrated.
+    pub(super) fn numa_huge_hint_fault(&self, vmf: &VmFault<'_>, head: Pfn) {
+        let t0 = thread_cpu_ns();
+        self.numa_hint_fault(vmf, head, HPAGE_PMD_NR, false);
+        self.numab_add(NumabStat::SystemNs, thread_cpu_ns().saturating_sub(t0));
+    }
+
+    /// `task_numa_fault` with the migration decision before it.
+    fn numa_hint_fault(&self, vmf: &VmFault<'_>, pfn: Pfn, pages: u64, migratable: bool) {
+        let mm = &self.mm;
+        let mem = mm.node_of(pfn);
+        let cpu = mm.thread_node();
+        let this = Cpupid::from_page_bits(Cpupid::new(cpu, thread_pid()).to_page_bits());
+        let last = Cpupid::from_page_bits(desc(mm, pfn).xchg_last_cpupid(this.to_page_bits()));
+        let private = last.is_unset() || last.same_pid(this);
+        let mut node = mem;
+        let mut outcome: Option<Result<(), MigrateFail>> = None;
+        if mem != cpu && migratable && self.numab.enabled.load(Ordering::Acquire) {
+            let early = self.preferred_node().is_none()
+                || self.numab.scan_seq.load(Ordering::Relaxed) <= EARLY_SEQS;
+            let q = MigrateQuery {
+                this,
+                last,
+                src_nid: mem,
+                dst_nid: cpu,
+                early,
+                group: None,
+            };
+            if should_numa_migrate_memory(&q) {
+                let r = self.migrate_misplaced_page(vmf, pfn, cpu, this);
+                if r.is_ok() {
+                    node = cpu;
+                }
+                outcome = Some(r);
+            }
+        }
+        let local = node == cpu;
+        self.numab_add(NumabStat::HintFaults, 1);
+        if local {
+            self.numab_add(NumabStat::HintFaultsLocal, 1);
+        }
+        match outcome {
+            Some(Ok(())) => {
+                self.numab_add(NumabStat::PagesMigrated, pages);
+                self.numab_add(NumabStat::MigrateSuccess, pages);
+            }
+            Some(Err(c)) => self.numab_fail(c),
+            None => {}
+        }
+        let mut g = self.numab.lock();
+        let Some(st) = g.as_mut() else {
+            return;
+        };
+        let w = &mut st.window;
+        if local {
+            w.faults_local += pages;
+        } else {
+            w.faults_remote += pages;
+        }
+        if private {
+            w.faults_private += pages;
+        } else {
+            w.faults_shared += pages;
+        }
+        match outcome {
+            Some(Ok(())) => w.record_migrated(cpu, pages),
+            Some(Err(c)) => w.record_fail(c, cpu, pages),
+            None => {}
+        }
+        let n = st.nr_nodes;
+        if node < n && cpu < n {
+            st.faults[node * n + cpu] += pages;
+        }
+    }
+
+    /// Linux's `migrate_misplaced_folio`: moves the order-0 page `src` to `nid`,
+    /// or says why not. The new page's last accessor is `this`.
+    fn migrate_misplaced_page(
+        &self,
+        vmf: &VmFault<'_>,
+        src: Pfn,
+        nid: usize,
+        this: Cpupid,
+    ) -> Result<(), MigrateFail> {
+        let mm = &self.mm;
+        let pol = self.policies.effective(vmf.vma);
+        match &*pol {
+            MemPolicy::Default | MemPolicy::Local => {}
+            MemPolicy::Bind(_) => {
+                if !allowed_nodes(&pol, nid).is_some_and(|m| m.contains(nid)) {
+                    return Err(MigrateFail::Policy);
+                }
+            }
+            _ => return Err(MigrateFail::Policy),
+        }
+        let req = NodeReq {
+            preferred: nid,
+            local: nid,
+            nodemask: Some(NodeMask::from_nodes(&[nid])),
+            interleave: false,
+        };
+        let gfp = Gfp::MOVABLE | Gfp::NOWARN | Gfp::THISNODE;
+        let Ok(dst) = mm.alloc_owned_pages_req(gfp, 0, req) else {
+            return Err(MigrateFail::NodeFull);
+        };
+        // Isolated and ours until the migration maps it.
+        desc(mm, dst).xchg_last_cpupid(this.to_page_bits());
+        let mut rwc = RmapWalkControl::default();
+        match migrate_page(mm, &mut rwc, src, dst) {
+            Ok(()) => {
+                drop(rwc);
+                // The mapping's reference of the old page: the last one frees it.
+                mm.unpin_page(src);
+                Ok(())
+            }
+            Err(_) => {
+                drop(rwc);
+                mm.free_owned_pages(dst, 0)
+                    .expect("freeing our own unpublished page");
+                Err(MigrateFail::Pinned)
+            }
+        }
+    }
+}
+
+impl crate::Mm {
+    /// The NUMA balancing counters of all spaces of this Mm, summed (spaces
+    /// gone included).
+    pub fn numa_balancing_stats(&self) -> NumabStats {
+        self.inner.numab.stats.snapshot()
+    }
+
+    /// The NUMA balancing scan policy of this Mm's spaces.
+    pub fn numa_scan_policy(&self) -> crate::ScanPolicy {
+        self.inner.numab.policy
+    }
+}
