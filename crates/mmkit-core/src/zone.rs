@@ -133,6 +133,14 @@ pub(crate) struct ZoneGuard<'a, P: Platform> {
     zone: &'a Zone<P>,
 }
 
+impl<'a, P: Platform> ZoneGuard<'a, P> {
+    /// The zone whose lock this is (its immutable fields: span, watermarks).
+    #[inline]
+    pub(crate) fn zone(&self) -> &'a Zone<P> {
+        self.zone
+    }
+}
+
 impl<P: Platform> Deref for ZoneGuard<'_, P> {
     type Target = ZoneInner;
     fn deref(&self) -> &ZoneInner {

@@ -21,7 +21,7 @@ use crate::kthread::Kthread;
 use crate::numa_balancing::{self, ScanParams, ScanPolicy};
 use crate::swapfile::SwapDevices;
 use crate::{arena, numa, platform, ClearStrategy, Error, Mm, MmInner, StdPlatform, Topology};
-use crate::{SwapAllocPolicy, SwapCacheIndex};
+use crate::{SwapAllocPolicy, SwapCacheIndex, SwapFreePolicy};
 
 /// The named policy sets the lab compares.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -123,6 +123,16 @@ impl Variant {
             _ => (SwapAllocPolicy::PerCpuCluster, SwapCacheIndex::Table),
         }
     }
+    /// When a swapped-in page frees its slot: Linux's half-full rule for the
+    /// Linux baselines, mmkit's keep-while-room otherwise.
+    pub const fn swap_free_policy(self) -> SwapFreePolicy {
+        match self {
+            Variant::MmkitSwap2019 | Variant::MmkitSwap2020 | Variant::MmkitSwap618 => {
+                SwapFreePolicy::HalfFull
+            }
+            _ => SwapFreePolicy::KeepWhileRoom,
+        }
+    }
     fn apply(self, c: &mut Config) {
         let (pcp, merge, refill, high) = match self {
             Variant::Mmkit
@@ -179,6 +189,7 @@ pub struct MmBuilder {
     topology: Option<Topology>,
     swap_alloc: SwapAllocPolicy,
     swap_cache: SwapCacheIndex,
+    swap_free: SwapFreePolicy,
     kswapd: bool,
     numab: (ScanPolicy, ScanParams, bool),
 }
@@ -215,6 +226,7 @@ impl MmBuilder {
             topology: None,
             swap_alloc: SwapAllocPolicy::PerCpuCluster,
             swap_cache: SwapCacheIndex::Table,
+            swap_free: SwapFreePolicy::KeepWhileRoom,
             kswapd: true,
             numab: (ScanPolicy::Adaptive, ScanParams::default(), true),
         }
@@ -260,6 +272,13 @@ impl MmBuilder {
         self
     }
 
+    /// When a page read back from swap frees its slot (default:
+    /// `KeepWhileRoom`; Linux's rule is `HalfFull`).
+    pub fn swap_free(mut self, p: SwapFreePolicy) -> Self {
+        self.swap_free = p;
+        self
+    }
+
     /// The background reclaim threads, one kswapd per node (default on; off,
     /// only direct reclaim frees memory).
     pub fn kswapd(mut self, on: bool) -> Self {
@@ -277,6 +296,7 @@ impl MmBuilder {
         v.apply(&mut self.cfg);
         self.fault_around = v.fault_around();
         (self.swap_alloc, self.swap_cache) = v.swap_policies();
+        self.swap_free = v.swap_free_policy();
         if let Some(p) = v.numa_balancing() {
             self.numab.0 = p;
         }
@@ -403,13 +423,13 @@ impl MmBuilder {
             kcompactd: self.compact.kcompactd.then(Kthread::new),
             compacting: AtomicUsize::new(0),
             spaces: Default::default(),
-            page_locks: Default::default(),
+            page_locks: crate::rmap::PageLocks::new(nr_pages),
             topology,
             id: NEXT_MM_ID.fetch_add(1, Ordering::Relaxed),
             node_access,
             numa_note,
             lru: crate::lru::Lru::new(nr_pages, nr_nodes, nr_cpus),
-            swap: SwapDevices::new(self.swap_alloc, self.swap_cache, nr_cpus),
+            swap: SwapDevices::new(self.swap_alloc, self.swap_cache, self.swap_free, nr_cpus),
             kswapd: (0..if self.kswapd { nr_nodes } else { 0 })
                 .map(|_| Kthread::new())
                 .collect(),

@@ -319,6 +319,10 @@ impl SlowPathHooks for AllocHooks<'_> {
         crate::vmscan::direct_reclaim(self.mm)
     }
 
+    fn can_reclaim(&self) -> bool {
+        self.mm.can_swap_out()
+    }
+
     fn wake_kcompactd(&self, order: u32) {
         self.mm.wakeup_kcompactd(order);
     }

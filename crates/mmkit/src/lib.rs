@@ -82,7 +82,7 @@ pub use space::{
 };
 pub use swap_cluster::SwapAllocPolicy;
 pub use swap_state::SwapCacheIndex;
-pub use swapfile::{SwapDevice, SwapId, SwapInfo, SwapKind};
+pub use swapfile::{SwapDevice, SwapFreePolicy, SwapId, SwapInfo, SwapKind};
 pub use topology::{NodeInfo, Topology, TopologyError};
 
 use compaction::{AllocHooks, CompactConfig};

@@ -25,7 +25,7 @@
 //! The link arrays are atomics written only under the owning node's lock, read
 //! only under it.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 use mmkit_core::lru::{LruLinks, LruLists};
@@ -47,8 +47,9 @@ pub(crate) struct Lru {
     nodes: Box<[CachePadded<StatLock<LruLists>>]>,
     lock_stats: LockClassStats,
     batches: Box<[CachePadded<parking_lot::Mutex<Vec<u32>>>]>,
-    /// Per node: held by the one task reclaiming from it (`vmscan.rs`).
-    reclaim: Box<[CachePadded<parking_lot::Mutex<()>>]>,
+    /// Per node: pages isolated from its lists by reclaimers now (Linux's
+    /// `NR_ISOLATED_ANON`), for `too_many_isolated`.
+    isolated: Box<[CachePadded<AtomicU64>]>,
 }
 
 /// A held node LRU lock and the links it guards.
@@ -86,8 +87,8 @@ impl Lru {
             batches: (0..nr_cpus.max(1))
                 .map(|_| CachePadded::new(parking_lot::Mutex::new(Vec::new())))
                 .collect(),
-            reclaim: (0..nr_nodes.max(1))
-                .map(|_| CachePadded::new(parking_lot::Mutex::new(())))
+            isolated: (0..nr_nodes.max(1))
+                .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
         }
     }
@@ -99,12 +100,28 @@ impl Lru {
         }
     }
 
-    /// Linux's `too_many_isolated` throttle, simplified: one reclaimer per node
-    /// at a time, the others wait for it. Concurrent reclaimers each hold a batch
-    /// of page locks, and with the striped page-lock table they made each other's
-    /// `trylock_page` fail until nothing could be reclaimed at all.
-    pub(crate) fn reclaim_throttle(&self, nid: usize) -> parking_lot::MutexGuard<'_, ()> {
-        self.reclaim[nid.min(self.reclaim.len() - 1)].lock()
+    fn node(&self, nid: usize) -> usize {
+        nid.min(self.nodes.len() - 1)
+    }
+
+    /// Linux's `too_many_isolated`: reclaimers of node `nid` hold more pages
+    /// isolated than its inactive list has left, so another direct reclaimer
+    /// would find little to do but make the others' batches smaller (kswapd is
+    /// never throttled).
+    pub(crate) fn too_many_isolated(&self, nid: usize) -> bool {
+        let isolated = self.nr_isolated(nid);
+        isolated > 0 && isolated > self.nr_pages(nid).1
+    }
+
+    /// Pages of node `nid` isolated by reclaimers now.
+    pub(crate) fn nr_isolated(&self, nid: usize) -> u64 {
+        self.isolated[self.node(nid)].load(Ordering::Relaxed)
+    }
+
+    /// The isolation of `n` pages of node `nid` has ended (the caller put them
+    /// back and dropped their references).
+    pub(crate) fn end_isolation(&self, nid: usize, n: usize) {
+        self.isolated[self.node(nid)].fetch_sub(n as u64, Ordering::Relaxed);
     }
 
     /// LRU lock statistics, summed over nodes.
@@ -210,7 +227,8 @@ impl Lru {
 
     /// Linux's `isolate_lru_folios`: up to `n` pages from the tail of `list` on
     /// node `nid`, taken off the list with `PG_LRU` cleared and a reference each
-    /// (dropped by the caller after `putback`), appended to `out`.
+    /// (dropped by the caller after `putback`, then `end_isolation`), appended
+    /// to `out`.
     pub(crate) fn isolate(&self, mm: &Mm, nid: usize, list: LruList, n: usize, out: &mut Vec<Pfn>) {
         let mut l = self.lock(nid);
         for _ in 0..n {
@@ -224,6 +242,7 @@ impl Lru {
             // which needs this lock: the reference is safe to take.
             mm.pin_page(p);
             out.push(p);
+            self.isolated[self.node(nid)].fetch_add(1, Ordering::Relaxed);
         }
     }
 

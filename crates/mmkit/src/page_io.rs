@@ -19,11 +19,15 @@
 //! the device; the checksum word of a slot is 0 from before its write starts until
 //! the write succeeded, so a torn or failed write never validates.
 //!
-//! Locking: none of its own for the RAM device (the swap map gives a slot one
-//! writer at a time; the copy is done with relaxed atomic words, so even a racing
-//! caller reads torn data, which the checksum then refuses, never undefined
-//! behaviour). A file device keeps a few `io_uring` rings, each behind a mutex
-//! held for one submission and its completions. Checksums are atomics.
+//! Locking: none of its own for the RAM device. The swap map gives a slot one
+//! writer at a time and no reader while it is written (`SwapBackend`'s
+//! contract: a slot is written only while freshly allocated, read only while it
+//! holds `SWAP_HAS_CACHE` after its write completed, ordered by the checksum
+//! word's release/acquire), so a copy is a plain `memcpy` in (`rep movsb`: no
+//! read-for-ownership of the page) and non-temporal stores out (the device's
+//! lines are not read again soon, so they bypass the cache). A file device
+//! keeps a few `io_uring` rings, each behind a mutex held for one submission
+//! and its completions. Checksums are atomics.
 
 use std::fs::File;
 use std::io;
@@ -66,11 +70,13 @@ fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
 
 /// A swap device in anonymous memory.
 pub(crate) struct RamDevice {
-    base: NonNull<AtomicU64>,
+    base: NonNull<u8>,
     size: u64,
 }
 
-// SAFETY: the mapping is only accessed through `AtomicU64`s, which are Sync.
+// SAFETY: the mapping is owned by the device; concurrent requests touch
+// disjoint slots or only read (the `SwapBackend` contract), so sharing the
+// pointer between threads is sound.
 unsafe impl Send for RamDevice {}
 // SAFETY: as above.
 unsafe impl Sync for RamDevice {}
@@ -98,13 +104,6 @@ impl RamDevice {
             size,
         })
     }
-
-    fn words(&self, offset: u64, len: usize) -> &[AtomicU64] {
-        // SAFETY: `check_range` held for (offset, len), so the words lie inside the
-        // mapping, which lives as long as `self`; the mapping is page-aligned, so
-        // every word is aligned, and it is only ever accessed as atomics.
-        unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(offset as usize / 8), len / 8) }
-    }
 }
 
 impl Drop for RamDevice {
@@ -114,31 +113,71 @@ impl Drop for RamDevice {
     }
 }
 
+/// Copies `len` bytes (a multiple of 64) from `src` to the 16-byte aligned `dst`
+/// with non-temporal stores, then fences them (they are weakly ordered).
+///
+/// # Safety
+/// `src` readable and `dst` writable for `len` bytes, not overlapping, and no
+/// other thread accesses `dst` meanwhile.
+#[cfg(target_arch = "x86_64")]
+unsafe fn copy_nontemporal(dst: *mut u8, src: *const u8, len: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    debug_assert!(dst as usize % 16 == 0 && len % 64 == 0);
+    let (d, s) = (dst.cast::<__m128i>(), src.cast::<__m128i>());
+    for i in (0..len / 16).step_by(4) {
+        // SAFETY: i + 3 < len / 16, so every access is inside the ranges the
+        // caller vouched for; `dst` is 16-byte aligned; SSE2 is baseline on x86_64.
+        unsafe {
+            let (a, b) = (_mm_loadu_si128(s.add(i)), _mm_loadu_si128(s.add(i + 1)));
+            let (c, e) = (_mm_loadu_si128(s.add(i + 2)), _mm_loadu_si128(s.add(i + 3)));
+            _mm_stream_si128(d.add(i), a);
+            _mm_stream_si128(d.add(i + 1), b);
+            _mm_stream_si128(d.add(i + 2), c);
+            _mm_stream_si128(d.add(i + 3), e);
+        }
+    }
+    // SAFETY: a store fence has no preconditions.
+    unsafe { _mm_sfence() };
+}
+
+/// The same with a plain copy where there are no non-temporal stores.
+///
+/// # Safety
+/// As for the x86_64 version.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn copy_nontemporal(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+}
+
 impl SwapBackend for RamDevice {
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_range(offset, buf.len(), self.size)?;
-        for (w, out) in self
-            .words(offset, buf.len())
-            .iter()
-            .zip(buf.chunks_exact_mut(8))
-        {
-            out.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
-        }
+        // SAFETY: `check_range` put the range inside the mapping, which lives as
+        // long as `self`; `buf` is a distinct allocation; no write to these slots
+        // runs concurrently (the `SwapBackend` contract).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.base.as_ptr().add(offset as usize),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
         Ok(())
     }
 
     fn write(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         check_range(offset, buf.len(), self.size)?;
-        for (w, src) in self
-            .words(offset, buf.len())
-            .iter()
-            .zip(buf.chunks_exact(8))
-        {
-            w.store(
-                u64::from_ne_bytes(src.try_into().unwrap()),
-                Ordering::Relaxed,
-            );
-        }
+        // SAFETY: as in `read`, and the slots' only accessor is this write (the
+        // contract); the offset is page-aligned, so the destination is 16-byte
+        // aligned, and the length a multiple of 4096.
+        unsafe {
+            copy_nontemporal(
+                self.base.as_ptr().add(offset as usize),
+                buf.as_ptr(),
+                buf.len(),
+            )
+        };
         Ok(())
     }
 }

@@ -28,8 +28,10 @@
 //!
 //! # The page lock
 //!
-//! A striped table of mutexes on the Mm, indexed by pfn (`PAGE_LOCK_STRIPES`
-//! stripes; frames less than that many pages apart never share one). It makes the
+//! A striped table of mutexes on the Mm, indexed by pfn: one stripe per frame up
+//! to `MAX_PAGE_LOCK_STRIPES` (a power of two; frames less than that many pages
+//! apart never share one, so reclaimers holding a batch of 32 locks each rarely
+//! make each other's `trylock_page` fail on a shared stripe). It makes the
 //! bytes of a mapped page exclusive to one accessor (`read`/`write` while they
 //! copy, `with_page` while its closure runs), and it is what page-side code holds
 //! while it changes the page's PTE: an access re-checks the PTE under the lock
@@ -68,7 +70,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crossbeam_utils::CachePadded;
 use mmkit_core::PageState;
 
 use crate::pgtable::{desc, Pte, HPAGE_PMD_NR, HPAGE_PMD_ORDER, PTE_ACCESSED};
@@ -76,8 +77,8 @@ use crate::registry::SpaceRegistry;
 use crate::space::{Space, SpaceInner, VmaTree};
 use crate::{Mm, Pfn, PAGE_SIZE};
 
-/// Stripes of the page-lock table.
-pub(crate) const PAGE_LOCK_STRIPES: usize = 1024;
+/// Most stripes of the page-lock table (64 bytes each: 2 MiB at most).
+pub(crate) const MAX_PAGE_LOCK_STRIPES: usize = 1 << 15;
 
 const VPN_BITS: u32 = 35;
 const VPN_MASK: u64 = (1 << VPN_BITS) - 1;
@@ -163,25 +164,35 @@ impl Mm {
 // The page lock
 // ---------------------------------------------------------------------------------
 
+/// One stripe on a cache line of its own (two CPUs locking neighbouring frames
+/// do not share a line).
+#[repr(align(64))]
+struct Stripe(parking_lot::Mutex<()>);
+
 /// The page locks of one Mm: a striped mutex table indexed by pfn.
 pub(crate) struct PageLocks {
-    stripes: Box<[CachePadded<parking_lot::Mutex<()>>]>,
-}
-
-impl Default for PageLocks {
-    fn default() -> Self {
-        PageLocks {
-            stripes: (0..PAGE_LOCK_STRIPES)
-                .map(|_| CachePadded::new(parking_lot::Mutex::new(())))
-                .collect(),
-        }
-    }
+    stripes: Box<[Stripe]>,
+    mask: usize,
 }
 
 impl PageLocks {
+    /// A table for an arena of `nr_pages` frames: a stripe per frame, rounded up
+    /// to a power of two, at most `MAX_PAGE_LOCK_STRIPES`.
+    pub(crate) fn new(nr_pages: u64) -> PageLocks {
+        let n = (nr_pages.max(1) as usize)
+            .next_power_of_two()
+            .min(MAX_PAGE_LOCK_STRIPES);
+        PageLocks {
+            stripes: (0..n)
+                .map(|_| Stripe(parking_lot::Mutex::new(())))
+                .collect(),
+            mask: n - 1,
+        }
+    }
+
     #[inline]
     fn stripe(&self, pfn: Pfn) -> &parking_lot::Mutex<()> {
-        &self.stripes[pfn.get() as usize % PAGE_LOCK_STRIPES]
+        &self.stripes[pfn.get() as usize & self.mask].0
     }
 }
 

@@ -270,10 +270,30 @@ struct Table {
     gen: u32,
 }
 
+/// When a page read back from swap gives up its slot (Linux's
+/// `should_try_to_free_swap`). A page that keeps its slot stays in the swap
+/// cache: while it is not written, reclaim drops it again without a write (and
+/// without a checksum), which for a read-mostly working set is most of the
+/// swap-out work. A write, or `swapoff`, always frees the slot.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SwapFreePolicy {
+    /// Linux: a read fault keeps the slot only while at most half of all swap
+    /// is in use (`vm_swap_full`); on a nearly full device every swap-in frees
+    /// its slot and every swap-out writes again.
+    HalfFull,
+    /// mmkit: keep the slot while the free slots still cover every resident
+    /// page that has none (the most that reclaim could ever need), plus a
+    /// reserve of a 32nd of the devices. Whatever the device's fill, a page
+    /// that was only read goes out again for free.
+    #[default]
+    KeepWhileRoom,
+}
+
 /// The devices that are on, and the policies new devices get.
 pub(crate) struct SwapDevices {
     alloc: SwapAllocPolicy,
     index: SwapCacheIndex,
+    free_policy: SwapFreePolicy,
     nr_cpus: usize,
     table: ShardedLock<Table>,
     swapon_mutex: Mutex<()>,
@@ -284,11 +304,13 @@ impl SwapDevices {
     pub(crate) fn new(
         alloc: SwapAllocPolicy,
         index: SwapCacheIndex,
+        free_policy: SwapFreePolicy,
         nr_cpus: usize,
     ) -> SwapDevices {
         SwapDevices {
             alloc,
             index,
+            free_policy,
             nr_cpus,
             table: ShardedLock::new(Table {
                 least_priority: -1,
@@ -478,10 +500,48 @@ impl SwapDevices {
         Ok(si.map.inuse())
     }
 
+    /// Does device `ty` take allocations (false once `swapoff` began)?
+    pub(crate) fn allocatable(&self, ty: u32) -> bool {
+        let t = self.table.read().unwrap();
+        t.avail.iter().any(|d| d.id.ty == ty)
+    }
+
     /// Linux's `vm_swap_full`: more than half of all swap in use.
     pub(crate) fn vm_swap_full(&self) -> bool {
         let (total, free) = self.nr_swap_pages();
         free * 2 < total
+    }
+
+    /// Should a page just read back from swap free its slot (a read fault;
+    /// `resident` is the arena's pages in use)? See [`SwapFreePolicy`].
+    pub(crate) fn should_free_swap(&self, resident: u64) -> bool {
+        match self.free_policy {
+            SwapFreePolicy::HalfFull => self.vm_swap_full(),
+            SwapFreePolicy::KeepWhileRoom => {
+                let t = self.table.read().unwrap();
+                let (mut total, mut free, mut cached) = (0, 0, 0);
+                for si in t.by_type.iter().flatten() {
+                    let n = si.map.nr_slots() as u64;
+                    total += n;
+                    free += n - si.map.inuse().min(n);
+                    cached += si.cache.nr_cached();
+                }
+                // Resident pages that have no slot: all in use but those in the
+                // swap cache (page tables count too: an overestimate, safe).
+                let need = resident.saturating_sub(cached) + total / 32;
+                free < need
+            }
+        }
+    }
+
+    /// Pages in the swap caches of all devices (`SwapCached`).
+    pub(crate) fn nr_cached(&self) -> u64 {
+        let t = self.table.read().unwrap();
+        t.by_type
+            .iter()
+            .flatten()
+            .map(|si| si.cache.nr_cached())
+            .sum()
     }
 
     /// Free slots on the devices that take allocations.
@@ -715,6 +775,13 @@ impl Mm {
         let used = swap
             .set_allocatable(id, false)
             .map_err(|e| Error::Swap(e.to_string()))?;
+        // Pages kept in the swap cache are in memory already.
+        let cached = swap
+            .swap_info()
+            .iter()
+            .find(|i| i.id == id)
+            .map_or(0, |i| i.cached_pages);
+        let used = used.saturating_sub(cached);
         let room = self.nr_free_pages().saturating_sub(self.total_wmark_high())
             + swap.nr_free_allocatable();
         if used > room {
@@ -765,9 +832,10 @@ impl Mm {
         self.swap().lock_stats()
     }
 
-    /// Can reclaim write anything out now (a device with free slots)?
+    /// Can reclaim free anything now: a device with free slots, or pages in the
+    /// swap cache (a clean one goes out without a new slot)?
     pub(crate) fn can_swap_out(&self) -> bool {
-        self.swap().nr_free_allocatable() > 0
+        self.swap().nr_free_allocatable() > 0 || self.swap().nr_cached() > 0
     }
 }
 

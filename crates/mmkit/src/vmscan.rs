@@ -27,9 +27,14 @@
 //! holds a verified copy (written with its checksum). Huge pages never reach the
 //! lists (they stay in memory; `space/huge_memory.rs`).
 //!
-//! Locking: one reclaimer per node at a time (`Lru::reclaim_throttle`, a mutex
-//! waited for holding at most a fault's shared VMA lock: its holder never waits
-//! for anything), then the page side of the lock order in `rmap.rs`: page locks (try) ->
+//! Concurrency: any number of reclaimers per node (kswapd and every direct
+//! reclaimer, as in Linux: this is where the swap locks of seed 002 contend),
+//! each on its own isolated batch; a direct reclaimer waits while the node has
+//! more pages isolated than inactive (`too_many_isolated`). A reclaimer never
+//! waits for a lock: page locks are only try-locked, so concurrent batches at
+//! worst skip each other's pages.
+//!
+//! Locking: the page side of the lock order in `rmap.rs`: page locks (try) ->
 //! registry -> VMA lock (try_read). The LRU lock (`lru.rs`) and the swap locks
 //! are taken with no page lock wait inside them. Nothing here allocates arena
 //! pages, so direct reclaim may run inside any allocation.
@@ -94,6 +99,10 @@ impl Mm {
 /// the slow path retries only a few times), or a batch frees nothing.
 const DIRECT_RECLAIM_BATCHES: usize = 8;
 
+/// Times a direct reclaimer that freed nothing waits for concurrent reclaimers
+/// before it reports no progress (Linux's `MAX_RECLAIM_RETRIES`).
+const NO_PROGRESS_WAITS: usize = 16;
+
 /// The allocator's `direct_reclaim` hook: batches of 32 from each node, then
 /// the per-CPU lists drained so that the retry finds the pages.
 pub(crate) fn direct_reclaim(mm: &Mm) -> u64 {
@@ -102,14 +111,26 @@ pub(crate) fn direct_reclaim(mm: &Mm) -> u64 {
     }
     mm.page_alloc().count_vm_event(VmEvent::AllocStall, 1);
     let mut freed = 0;
-    for _ in 0..DIRECT_RECLAIM_BATCHES {
-        let round: u64 = (0..mm.nr_nodes())
-            .map(|nid| shrink_node(mm, nid, SWAP_CLUSTER_MAX, Reclaimer::Direct))
-            .sum();
-        freed += round;
-        if round == 0 || mm.nr_free_pages() >= mm.total_wmark_high() {
+    for stalled in 0..=NO_PROGRESS_WAITS {
+        for _ in 0..DIRECT_RECLAIM_BATCHES {
+            let round: u64 = (0..mm.nr_nodes())
+                .map(|nid| shrink_node(mm, nid, SWAP_CLUSTER_MAX, Reclaimer::Direct))
+                .sum();
+            freed += round;
+            if round == 0 || mm.nr_free_pages() >= mm.total_wmark_high() {
+                break;
+            }
+        }
+        // No progress while other reclaimers hold pages isolated: they took
+        // the tail of the lists this one would have scanned, and what they do
+        // not free returns to the lists (Linux's `should_reclaim_retry` keeps
+        // retrying while reclaimable pages remain). Wait for them, a bounded
+        // number of times; with nothing isolated, nothing is in flight.
+        let busy = (0..mm.nr_nodes()).any(|nid| mm.lru().nr_isolated(nid) > 0);
+        if freed > 0 || !busy || stalled == NO_PROGRESS_WAITS {
             break;
         }
+        std::thread::sleep(std::time::Duration::from_micros(100));
     }
     if freed > 0 {
         // The pages went to per-CPU lists, which the slow path's retry does not
@@ -129,7 +150,16 @@ pub(crate) fn shrink_node(mm: &Mm, nid: usize, nr: usize, who: Reclaimer) -> u64
         return 0;
     }
     let lru = mm.lru();
-    let _one_at_a_time = lru.reclaim_throttle(nid);
+    if who == Reclaimer::Direct {
+        // Linux's `reclaim_throttle(VMSCAN_THROTTLE_ISOLATED)`: the batches in
+        // flight end within microseconds; wait for them (bounded), then go on.
+        for _ in 0..100 {
+            if !lru.too_many_isolated(nid) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
     lru.drain_all(mm);
     for force in [false, true] {
         let (active, inactive) = lru.nr_pages(nid);
@@ -167,14 +197,16 @@ fn shrink_active_list(mm: &Mm, nid: usize, n: usize, force: bool) {
     }
     lru.putback(mm, &back);
     drop(rwc);
-    put_isolated(mm, &pages);
+    put_isolated(mm, nid, &pages);
     mm.page_alloc().count_vm_event(VmEvent::PgDeactivate, deact);
 }
 
-/// Drops the isolation references (the last one frees a page unmapped meanwhile).
-fn put_isolated(mm: &Mm, pages: &[Pfn]) {
+/// Drops the isolation references of pages of node `nid` (the last one frees a
+/// page unmapped meanwhile) and ends their isolation.
+fn put_isolated(mm: &Mm, nid: usize, pages: &[Pfn]) {
     let blocks: Vec<(Pfn, u32)> = pages.iter().map(|&p| (p, 0)).collect();
     mm.put_pages_bulk(&blocks);
+    mm.lru().end_isolation(nid, pages.len());
 }
 
 /// Linux's `shrink_inactive_list`: isolates up to `nr` pages from the inactive
@@ -194,7 +226,7 @@ fn shrink_inactive_list(mm: &Mm, nid: usize, nr: usize, who: Reclaimer, force: b
     let mut back = Vec::new();
     let freed = shrink_page_list(mm, &pages, force, &mut back);
     lru.putback(mm, &back);
-    put_isolated(mm, &pages);
+    put_isolated(mm, nid, &pages);
     mm.page_alloc().count_vm_event(steal, freed);
     freed
 }
@@ -235,7 +267,12 @@ fn shrink_page_list<'a>(
             Some((_, Some(dirty))) => {
                 // A page still in the swap cache from its swap-in, and clean
                 // since, has its copy on the slot already.
-                let entry = mm.swapcache_entry(&lock);
+                let mut entry = mm.swapcache_entry(&lock);
+                if entry.is_some_and(|e| !mm.swap().allocatable(e.ty())) {
+                    // Its device is going away (swapoff): a new slot elsewhere.
+                    mm.swapcache_drop(&lock);
+                    entry = None;
+                }
                 let write = entry.is_none() || dirty || desc(mm, pfn).test_flag(PG_DIRTY);
                 victims.push(Victim {
                     pfn,

@@ -513,3 +513,65 @@ fn two_nodes_swap_per_node() {
     assert_eq!(used_swap(&mm), 0);
     mm.check().unwrap();
 }
+
+/// The slot a page keeps after a read fault (`SwapFreePolicy`), on a device far
+/// more than half full: under Linux's `HalfFull` every swap-in frees its slot,
+/// so every page that goes out again is written again; under mmkit's
+/// `KeepWhileRoom` a page that was only read keeps its slot and goes out again
+/// without a write. A write after such a swap-in is never lost, and everything
+/// freed gives every slot back.
+#[test]
+fn read_faults_keep_their_slot_while_there_is_room() {
+    let arena_pages = (16 * MIB / PAGE_SIZE) as u64;
+    let pages = 4 * arena_pages; // 64 MiB on a 80 MiB device: 80% full
+    let mut outs = Vec::new();
+    for policy in [
+        mmkit::SwapFreePolicy::HalfFull,
+        mmkit::SwapFreePolicy::KeepWhileRoom,
+    ] {
+        let mm = Mm::builder()
+            .memory(16 * MIB)
+            .swap_free(policy)
+            .build()
+            .unwrap();
+        mm.swapon(SwapDevice::ram(80 << 20)).unwrap();
+        let s = mm.new_space().unwrap();
+        let a = s
+            .mmap(pages as usize * PAGE_SIZE, MapFlags::empty())
+            .unwrap();
+        fill(&s, a, pages, 3);
+        let (in0, out0) = (ev(&mm, VmEvent::PswpIn), ev(&mm, VmEvent::PswpOut));
+        // Two read-only passes: every page comes back and goes out again.
+        verify(&s, a, pages, 3);
+        verify(&s, a, pages, 3);
+        let (ins, outs_) = (
+            ev(&mm, VmEvent::PswpIn) - in0,
+            ev(&mm, VmEvent::PswpOut) - out0,
+        );
+        assert!(
+            ins >= pages,
+            "{policy:?}: {ins} swap-ins for {pages} pages read twice"
+        );
+        outs.push((policy, ins, outs_));
+        // Writes after those swap-ins reach the next swap-out; then a read of
+        // every page finds them.
+        fill(&s, a, pages, 5);
+        verify(&s, a, pages, 5);
+        drop(s);
+        assert_eq!(used_swap(&mm), 0, "{policy:?}: slots leaked");
+        mm.check().unwrap();
+    }
+    let (_, half_in, half_out) = outs[0];
+    let (_, keep_in, keep_out) = outs[1];
+    // HalfFull: a write for (nearly) every page that went out again.
+    assert!(
+        half_out * 10 >= half_in * 9,
+        "HalfFull: {half_out} writes for {half_in} swap-ins"
+    );
+    // KeepWhileRoom: only the pages resident (dirty) when the passes began
+    // were written; the pages read back went out for free.
+    assert!(
+        keep_out <= arena_pages,
+        "KeepWhileRoom: {keep_out} writes for {keep_in} swap-ins (at most {arena_pages} expected)"
+    );
+}

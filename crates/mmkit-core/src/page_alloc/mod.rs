@@ -137,6 +137,12 @@ pub trait SlowPathHooks {
     fn direct_reclaim(&self, _order: u32) -> u64 {
         0
     }
+    /// Could direct reclaim free anything at all (Linux's "reclaimable pages"
+    /// in `should_reclaim_retry`): while it could, a small request keeps
+    /// retrying until reclaim stops making progress.
+    fn can_reclaim(&self) -> bool {
+        false
+    }
 }
 
 /// Hooks that do nothing: an allocator without reclaim or compaction.

@@ -284,8 +284,15 @@ impl<P: Platform> PageAlloc<P> {
         // A refill of a whole run is a high-order request in disguise: merge the
         // order-0 pages that lazy merging left behind first (merge on demand), so
         // the run comes from a few recently freed blocks rather than from many
-        // fragments or from a cold, never-split block.
-        if zg.nr_unmerged > 0 && zg.merge_on_demand && entries << order >= PCP_CLUSTER_MERGE_PAGES {
+        // fragments or from a cold, never-split block. Not below the high
+        // watermark: reclaim is running then, every page it frees is taken again
+        // at once as an order-0 page, and merging it only to split it again is
+        // a cache miss per buddy for nothing (the order-0 list serves the run).
+        if zg.nr_unmerged > 0
+            && zg.merge_on_demand
+            && entries << order >= PCP_CLUSTER_MERGE_PAGES
+            && zg.nr_free >= zg.zone().wmark[2]
+        {
             zg.merge_all(mem, span);
         }
         let mut got = 0u32;

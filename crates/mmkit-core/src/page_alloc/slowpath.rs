@@ -21,9 +21,16 @@ use crate::page::Pfn;
 use crate::platform::Platform;
 use crate::stat::VmEvent;
 
-/// Extra slow-path rounds a request gets because direct reclaim made progress
+/// Slow-path rounds a costly request gets because direct reclaim made progress
 /// (bounded; reclaim is a hook of the layer above).
 const MAX_RECLAIM_RETRIES: u32 = 3;
+
+/// Consecutive rounds without reclaim progress after which a small request
+/// fails (Linux's `MAX_RECLAIM_RETRIES` in `should_reclaim_retry`). A round
+/// with progress starts the count again: under many concurrent allocators the
+/// pages one task frees are often taken by others before its own retry, and
+/// that is no reason to fail while reclaim still frees memory.
+const MAX_NO_PROGRESS_LOOPS: u32 = 16;
 
 impl<P: Platform> PageAlloc<P> {
     #[cold]
@@ -59,7 +66,9 @@ impl<P: Platform> PageAlloc<P> {
         if !costly {
             self.drain_all_pages();
         }
-        if self.cfg.merge.merges_on_demand() {
+        // Lazily freed pages are counted free and sit on the order-0 lists
+        // already: merging them helps only a higher order.
+        if order > 0 && self.cfg.merge.merges_on_demand() {
             self.merge_all();
         }
         if let Some(idx) = attempt(self) {
@@ -73,6 +82,7 @@ impl<P: Platform> PageAlloc<P> {
             let mut prio = CompactPriority::INIT;
             let mut compact_retries = 0;
             let mut reclaim_retries = 0;
+            let mut no_progress_loops = 0;
             loop {
                 let result = if order > 0 {
                     hooks.direct_compact(order, MigrateType::from_index(ac.mt), prio)
@@ -93,12 +103,17 @@ impl<P: Platform> PageAlloc<P> {
                     }
                 }
                 let reclaimed = hooks.direct_reclaim(order) > 0;
-                if result == CompactResult::Success || reclaimed {
-                    if let Some(idx) = attempt(self) {
-                        return Ok(self.prep_new_page(idx, order, ac.mt, pg));
-                    }
+                // Try again even without progress of our own: concurrent
+                // reclaimers may have freed what this one could not find.
+                if let Some(idx) = attempt(self) {
+                    return Ok(self.prep_new_page(idx, order, ac.mt, pg));
                 }
-                if reclaimed && reclaim_retries < MAX_RECLAIM_RETRIES {
+                if !costly && hooks.can_reclaim() {
+                    no_progress_loops = if reclaimed { 0 } else { no_progress_loops + 1 };
+                    if no_progress_loops <= MAX_NO_PROGRESS_LOOPS {
+                        continue;
+                    }
+                } else if reclaimed && reclaim_retries < MAX_RECLAIM_RETRIES {
                     reclaim_retries += 1;
                     continue;
                 }

@@ -313,7 +313,7 @@ impl Space {
 
 impl SpaceInner {
     /// Linux's `do_munmap` with the VMA lock held exclusively.
-    fn do_munmap(
+    pub(super) fn do_munmap(
         &self,
         g: &mut VmaTree,
         start: u64,

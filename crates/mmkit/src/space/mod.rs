@@ -180,6 +180,22 @@ pub struct Translation {
 /// `Send + Sync`; every method takes `&self`. Dropping it unmaps everything.
 pub struct Space {
     inner: Arc<SpaceInner>,
+    /// The handle `new_space` gave out (not one a reverse-map walk resolved):
+    /// its drop unmaps everything at once, even while a reclaimer or a
+    /// migration still holds the space for the batch it is working on (they
+    /// then find nothing mapped; the table pages go with the last reference).
+    owner: bool,
+}
+
+impl Drop for Space {
+    fn drop(&mut self) {
+        if self.owner && Arc::strong_count(&self.inner) > 1 {
+            let mut g = self.inner.write_lock();
+            // The whole range is page-aligned and split-free at its ends: this
+            // cannot fail (munmap needs no memory).
+            let _ = self.inner.do_munmap(&mut g, 0, TASK_SIZE, 1);
+        }
+    }
 }
 
 pub(crate) struct SpaceInner {
@@ -222,7 +238,7 @@ impl Mm {
         });
         inner.stats.add(Stat::PgTables, 1);
         self.spaces().publish(id, &inner);
-        Ok(Space { inner })
+        Ok(Space { inner, owner: true })
     }
 }
 
@@ -237,7 +253,10 @@ impl fmt::Debug for Space {
 
 impl Space {
     pub(crate) fn from_inner(inner: Arc<SpaceInner>) -> Space {
-        Space { inner }
+        Space {
+            inner,
+            owner: false,
+        }
     }
 
     pub(crate) fn inner(&self) -> &SpaceInner {

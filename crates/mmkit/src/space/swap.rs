@@ -13,10 +13,12 @@
 //!    2 and fails the access with [`Error::SwapIo`] / [`Error::SwapCorrupt`]; the
 //!    PTE keeps the swap entry, so a later access retries.
 //! 4. The PTE goes from the swap entry to the page (compare-and-swap) and the
-//!    slot loses the PTE's reference. As Linux does, a read fault on devices not
-//!    more than half full keeps the page in the swap cache (the slot keeps its
-//!    copy: reclaim drops the page again without a write while its PTE stays
-//!    clean); a write fault, or fuller devices, take it out, which frees the slot.
+//!    slot loses the PTE's reference. A read fault keeps the page in the swap
+//!    cache (the slot keeps its copy: reclaim drops the page again without a
+//!    write while its PTE stays clean) as the `SwapFreePolicy` allows: Linux's
+//!    while the devices are at most half full, mmkit's while the free slots
+//!    cover every resident page without one; a write fault, or a policy that
+//!    says no, takes it out, which frees the slot.
 //!    Readahead is `off` (a policy stub: `swap_ra`/`swap_ra_hit` stay 0).
 //!
 //! Invariants: the PTE leaves the swap entry only by that compare-and-swap, after
@@ -149,7 +151,8 @@ impl SpaceInner {
             return Ok(());
         }
         let _ = swap.swap_free(entry);
-        if vmf.write || swap.vm_swap_full() {
+        let resident = mm.nr_managed_pages().saturating_sub(mm.nr_free_pages());
+        if vmf.write || !swap.allocatable(entry.ty()) || swap.should_free_swap(resident) {
             mm.swapcache_drop(&lock);
         }
         drop(lock);
