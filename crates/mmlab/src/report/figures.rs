@@ -214,6 +214,85 @@ fn autonuma(records: &[Record], out: &mut Vec<String>) {
     }
 }
 
+/// One variant's value of `metric` at `threads` against a ceiling (percent),
+/// with the other variants' values beside it, as a line.
+fn point_ceiling(
+    records: &[Record],
+    workload: &str,
+    threads: usize,
+    metric: &str,
+    variants: &[&str],
+    ceiling: f64,
+) -> String {
+    let head = format!("{workload} @ {threads} threads: {metric}");
+    let vals: Vec<(&str, f64)> = variants
+        .iter()
+        .filter_map(|v| lookup(records, workload, v, threads, metric).map(|x| (*v, x)))
+        .collect();
+    match vals.first() {
+        Some(&(v, x)) if v == variants[0] => {
+            let others: Vec<String> = vals[1..]
+                .iter()
+                .map(|(v, x)| format!(", {v} {x:.2}%"))
+                .collect();
+            format!(
+                "{head} {v} {x:.2}% (target <= {ceiling}%: {}){}",
+                if x <= ceiling { "met" } else { "not met" },
+                others.concat()
+            )
+        }
+        _ => format!("{head}: not measured"),
+    }
+}
+
+/// The pmbench figures of issue 13: the swap-cache and LRU locks and the score
+/// against the 2019 policies at 8 threads, and against the kernel at 2.
+fn pmbench(records: &[Record], out: &mut Vec<String>) {
+    let w = "pmbench";
+    let locks = ["mmkit", "mmkit-swap-2019", "mmkit-swap-2020"];
+    out.push(point_ceiling(
+        records,
+        w,
+        8,
+        "swap_cache_lock_contended_pct",
+        &locks,
+        1.0,
+    ));
+    let t = Target::Times(1.15);
+    out.push(point_ratio(
+        records,
+        w,
+        8,
+        "accesses_per_sec",
+        "mmkit",
+        "mmkit-swap-2019",
+        t,
+    ));
+    for metric in [
+        "accesses_per_sec",
+        "swapin_gb_per_sec",
+        "swapout_gb_per_sec",
+    ] {
+        out.push(point_ratio(
+            records,
+            w,
+            2,
+            metric,
+            "mmkit",
+            "kernel",
+            Target::Times(3.0),
+        ));
+    }
+    out.push(point_ceiling(
+        records,
+        w,
+        8,
+        "lru_lock_contended_pct",
+        &["mmkit"],
+        5.0,
+    ));
+}
+
 /// The figures, one line each.
 pub fn figures(records: &[Record]) -> Vec<String> {
     let mut out = vec![
@@ -297,6 +376,7 @@ pub fn figures(records: &[Record]) -> Vec<String> {
             Target::Times(k),
         ));
     }
+    pmbench(records, &mut out);
     autonuma(records, &mut out);
     out
 }
@@ -317,6 +397,45 @@ mod tests {
             params: None,
             rounds: None,
         }
+    }
+
+    #[test]
+    fn pmbench_figures_come_from_records() {
+        let recs = vec![
+            rec("pmbench", "mmkit", 8, "swap_cache_lock_contended_pct", 0.5),
+            rec(
+                "pmbench",
+                "mmkit-swap-2019",
+                8,
+                "swap_cache_lock_contended_pct",
+                7.0,
+            ),
+            rec("pmbench", "mmkit", 8, "accesses_per_sec", 120.0),
+            rec("pmbench", "mmkit-swap-2019", 8, "accesses_per_sec", 100.0),
+            rec("pmbench", "mmkit", 2, "swapin_gb_per_sec", 3.0),
+            rec("pmbench", "kernel", 2, "swapin_gb_per_sec", 0.5),
+            rec("pmbench", "mmkit", 8, "lru_lock_contended_pct", 6.0),
+        ];
+        let f = figures(&recs);
+        let has = |s: &str| f.iter().any(|l| l == s);
+        assert!(has(
+            "pmbench @ 8 threads: swap_cache_lock_contended_pct mmkit 0.50% (target <= 1%: met), \
+             mmkit-swap-2019 7.00%"
+        ));
+        assert!(has(
+            "pmbench @ 8 threads: mmkit / mmkit-swap-2019 accesses_per_sec = 1.20x \
+             (120.00 vs 100.00 ; target >= 1.15x: met)"
+        ));
+        assert!(has(
+            "pmbench @ 2 threads: mmkit / kernel swapin_gb_per_sec = 6.00x \
+             (3.00 vs 0.50 ; target >= 3x: met)"
+        ));
+        assert!(has(
+            "pmbench @ 2 threads: mmkit / kernel accesses_per_sec: not measured"
+        ));
+        assert!(has(
+            "pmbench @ 8 threads: lru_lock_contended_pct mmkit 6.00% (target <= 5%: not met)"
+        ));
     }
 
     #[test]

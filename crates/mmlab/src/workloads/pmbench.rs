@@ -179,17 +179,21 @@ pub struct Plan {
 
 impl Plan {
     /// Quick: 0.2..2 s of warmup; full: 1..20 s; at least the run's warmup.
+    /// Measured: the run's duration, at least 2 s in a full run.
     pub fn of(timing: &Timing) -> Plan {
         let (min, max, interval) = if timing.quick {
             (200, 2_000, 50)
         } else {
             (1_000, 20_000, 200)
         };
+        // One round per point (the warmup is long): a full run measures at
+        // least 2 s, so that a point is not one scheduler hiccup on a small host.
+        let min_duration = Duration::from_millis(if timing.quick { 0 } else { 2_000 });
         Plan {
             min_warmup: timing.warmup.max(Duration::from_millis(min)),
             max_warmup: Duration::from_millis(max).max(timing.warmup),
             interval: Duration::from_millis(interval),
-            duration: timing.duration,
+            duration: timing.duration.max(min_duration),
         }
     }
 }
