@@ -70,7 +70,7 @@ pub use mmkit_core::{NodeReq, NumaStats};
 pub use numa::NodeAccesses;
 pub use numa_balancing::{
     should_numa_migrate_memory, Cpupid, GroupFaults, MigrateFail, MigrateQuery, NumabStats,
-    ScanDecision, ScanParams, ScanPeriod, ScanPolicy, ScanWindow,
+    ScanDecision, ScanParams, ScanPeriod, ScanPolicy, ScanTrigger, ScanWindow,
 };
 pub use page_io::SwapBackend;
 pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};

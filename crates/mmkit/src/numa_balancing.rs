@@ -52,6 +52,35 @@ pub enum ScanPolicy {
     Adaptive,
 }
 
+/// What drives a space's automatic scanner: which clock its scan period is
+/// measured on (a runtime choice in `MmBuilder::numa_scan_trigger`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub enum ScanTrigger {
+    /// No automatic scanning: only `Space::task_numa_work` scans (tests drive it
+    /// by hand).
+    Manual,
+    /// Linux's: the CPU time of the space's own threads (`task_tick_numa` on
+    /// `sum_exec_runtime`). The access path of each thread samples its CPU
+    /// clock every `TICK_PAGES` page accesses and adds what passed to the
+    /// space's clock; the thread that finds the period elapsed runs the pass
+    /// itself on its way out of the access (Linux's `task_work` on return to
+    /// user space). Scan passes are proportional to the work done, whatever the
+    /// load of the host.
+    #[default]
+    TaskCpu,
+    /// A fixed cost of `ns` nanoseconds of space time per page access, instead
+    /// of measured CPU time: deterministic (the pass count follows from the
+    /// access count alone), for tests and models.
+    Accesses {
+        /// Space time charged per page accessed.
+        ns: u64,
+    },
+    /// A background thread per space that wakes every tenth of the minimum
+    /// period and scans once the period has elapsed in wall-clock time (mmkit's
+    /// first scanner; it scans less the busier the host is).
+    Wall,
+}
+
 /// Why a NUMA-balancing migration failed.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum MigrateFail {
@@ -564,9 +593,8 @@ pub fn should_numa_migrate_memory(q: &MigrateQuery) -> bool {
 pub(crate) struct MmNumab {
     pub(crate) policy: ScanPolicy,
     pub(crate) params: ScanParams,
-    /// A background scanner per space that turns balancing on (else only
-    /// `Space::task_numa_work` scans).
-    pub(crate) kthread: bool,
+    /// What drives each space's automatic scanner.
+    pub(crate) trigger: ScanTrigger,
     /// All spaces' counters summed.
     pub(crate) stats: NumabCounters,
 }
