@@ -159,12 +159,14 @@ pub(crate) fn thread_cpu_ns() -> u64 {
 }
 
 /// The nodes of `mask` short of memory: free pages at or below the high
-/// watermark (where Linux's `migrate_misplaced_folio_prepare` refuses).
+/// watermark (where Linux's `migrate_misplaced_folio_prepare` refuses). A few
+/// atomic loads per node (the allocator's mirrored counts), no lock.
 pub(super) fn still_full(mm: &crate::Mm, mask: NodeMask) -> NodeMask {
-    mm.zone_info()
-        .iter()
-        .filter(|z| mask.contains(z.node) && z.nr_free + z.nr_pcp <= z.wmark[2])
-        .map(|z| z.node)
+    mask.iter()
+        .filter(|&n| {
+            let high = mm.inner.wmark_high.get(n).copied().unwrap_or(0);
+            mm.node_nr_free_pages(n) <= high
+        })
         .collect()
 }
 

@@ -20,8 +20,8 @@
 //! thread that moves to another space starts over there (the time in between is
 //! charged to neither). Under `Adaptive`, a thread at a sample point also checks
 //! whether a node the scanner avoids as full has room again, and if so scans at
-//! once (recovery does not wait out a backed-off period); that check is
-//! balancing CPU time (`system_ns`).
+//! once (recovery does not wait out a backed-off period); that check reads the
+//! nodes' free counts without a lock.
 //!
 //! Invariants: `next_scan_ns` is `u64::MAX` only while a claimed pass runs; the
 //! clock only grows. Locking: none of its own; both values are atomics, and
@@ -36,7 +36,7 @@ use mmkit_core::node::NodeMask;
 
 use super::numa_balance::{still_full, thread_cpu_ns};
 use super::SpaceInner;
-use crate::numa_balancing::{NumabStat, ScanTrigger};
+use crate::numa_balancing::ScanTrigger;
 
 /// TaskCpu: pages a thread accesses in a space between two samples of its CPU
 /// clock (a sample is a system call of some 100 ns; a page access is several).
@@ -140,15 +140,9 @@ impl SpaceInner {
     }
 
     /// Adaptive: does a node the scanner avoids as full have free pages above
-    /// its high watermark again? (Its CPU time is balancing time.)
+    /// its high watermark again? (A few atomic loads, not timed.)
     fn avoided_node_has_room(&self) -> bool {
         let avoid = NodeMask::from_bits(self.numab.avoid_bits.load(Ordering::Relaxed));
-        if avoid.is_empty() {
-            return false;
-        }
-        let t0 = thread_cpu_ns();
-        let room = still_full(&self.mm, avoid) != avoid;
-        self.numab_add(NumabStat::SystemNs, thread_cpu_ns().saturating_sub(t0));
-        room
+        !avoid.is_empty() && still_full(&self.mm, avoid) != avoid
     }
 }

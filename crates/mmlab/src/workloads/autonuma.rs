@@ -164,13 +164,14 @@ const BASES: [&str; 4] = ["numa01", "numa01_THREAD_ALLOC", "numa02", "numa02_SMT
 /// The scan settings of the lab: Linux's shape (max = 64 x min) at a scale
 /// where a case sees tens of periods at the fastest rate. The period is
 /// measured in the CPU time of the space's threads (`ScanTrigger::TaskCpu`, as
-/// Linux), about half a second to a second per space and case here. A pass
-/// covers the whole 32 MiB buffer (`scan_size_mb`), and the fastest period
-/// stays above Linux's 2560 MiB/s scan floor (12 ms for 32 MiB).
+/// Linux), about half a second per space and case here, so that the slow-down
+/// from the fastest to the slowest period (63 x min) spans the first half of a
+/// case. A pass covers the whole 32 MiB buffer (`scan_size_mb`), and the
+/// fastest period is Linux's 2560 MiB/s scan floor for 32 MiB (12 ms).
 pub fn lab_scan_params() -> ScanParams {
     ScanParams {
-        period_min_ms: 20,
-        period_max_ms: 1280,
+        period_min_ms: 12,
+        period_max_ms: 768,
         scan_size_mb: 32,
         scan_delay_ms: 0,
     }
