@@ -239,7 +239,7 @@ impl Space {
                 });
             let due = due || (!avoid.is_empty() && still_full(&s.mm, avoid) != avoid);
             if due && s.numab.enabled.load(Ordering::Acquire) {
-                s.task_numa_work();
+                s.task_numa_work(None);
             }
             true
         });
@@ -257,7 +257,7 @@ impl Space {
     /// stopped. Returns the pages marked (`numa_pte_updates` added). 0 with
     /// balancing off.
     pub fn task_numa_work(&self) -> u64 {
-        self.inner.task_numa_work()
+        self.inner.task_numa_work(None)
     }
 
     /// The NUMA balancing counters of this space.
@@ -313,7 +313,10 @@ impl SpaceInner {
         self.mm.inner.numab.stats.add_fail(cause, 1);
     }
 
-    pub(super) fn task_numa_work(&self) -> u64 {
+    /// One pass; `claimed` is the scan-clock value at which the tick claimed
+    /// it (the next pass is due a period after it), None for a pass asked for
+    /// otherwise (the clock's current value).
+    pub(super) fn task_numa_work(&self, claimed: Option<u64>) -> u64 {
         if !self.numab.enabled.load(Ordering::Acquire) {
             return 0;
         }
@@ -330,7 +333,7 @@ impl SpaceInner {
             let d = st.period.update(&w, rss);
             st.avoid = d.avoid_targets;
             st.next_scan = Instant::now() + Duration::from_millis(d.period_ms);
-            let now = self.numab.clock_ns.load(Ordering::Relaxed);
+            let now = claimed.unwrap_or_else(|| self.numab.clock_ns.load(Ordering::Relaxed));
             let next = now.saturating_add(d.period_ms.saturating_mul(1_000_000));
             self.numab.next_scan_ns.store(next, Ordering::Release);
             (st.next_addr, st.avoid, st.cpu_nodes())

@@ -10,7 +10,8 @@
 //! [`SpaceInner::numa_tick`] (Linux's return to user space): it advances the
 //! clock by this call's share and, when the clock has reached `next_scan_ns`,
 //! the one thread whose compare-exchange claims the due time runs
-//! `task_numa_work` itself, which sets the next due time from the new period.
+//! `task_numa_work` itself, which sets the next due time to the clock value
+//! that claimed it plus the new period.
 //! Scan passes so follow the work done by the space's threads, not the wall
 //! clock, whatever else runs on the host.
 //!
@@ -135,7 +136,7 @@ impl SpaceInner {
                 .compare_exchange(next, u64::MAX, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
         {
-            self.task_numa_work();
+            self.task_numa_work(Some(now));
         }
     }
 
