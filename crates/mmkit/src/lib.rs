@@ -125,7 +125,7 @@ struct MmInner {
     /// Per node, the high watermark summed over its zones (kswapd's goal).
     wmark_high: Vec<u64>,
     /// Automatic NUMA balancing: the scan policy and settings of every space,
-    /// whether a background scanner runs, and the counters of all spaces.
+    /// what triggers the scanner (`ScanTrigger`), and the counters of all spaces.
     numab: numa_balancing::MmNumab,
 }
 

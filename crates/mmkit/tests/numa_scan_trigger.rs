@@ -117,7 +117,8 @@ fn every_access_call_advances_the_clock_by_its_pages() {
     drop(s.pin_page(a, false).unwrap()); // 4
     assert_eq!(passes(&s), 1);
     // A write across 3 pages (from the middle of page 0): clock 7.
-    s.write(a + PAGE / 2, &vec![5u8; 2 * PAGE as usize]).unwrap();
+    s.write(a + PAGE / 2, &vec![5u8; 2 * PAGE as usize])
+        .unwrap();
     assert_eq!(passes(&s), 1);
     // Populate 4 pages: clock 11, past the due time 1 + 10.
     s.populate(a, 4 * PAGE as usize, false).unwrap();
