@@ -22,10 +22,12 @@
 //!   (so the period is back to the minimum within two windows), and target nodes
 //!   found full are reported in [`ScanDecision::avoid_targets`] for two windows, so
 //!   the scanner does not arm PTEs whose only possible target is such a node.
-//!   A converged window (at least 9 in 10 faults local, nothing migrated or
-//!   failed) slows down as an idle one does (the period doubles): the scanner
-//!   costs little once pages sit where they are used, without Linux's trick of
-//!   never forgetting a failure.
+//!   A converged window (at least 9 in 10 hint faults found their page
+//!   already local: neither left remote nor just migrated) slows down as an
+//!   idle one does (the period doubles): the scanner costs little once pages
+//!   sit where they are used, without Linux's trick of never forgetting a
+//!   failure (which, after one busy page in thousands, slows the seed's policy
+//!   down for good).
 //!   It also reads "no faults" as no hint faults at all, where Linux tests
 //!   `local + shared == 0` and so slows down a window of private remote faults.
 //!
@@ -366,11 +368,13 @@ impl ScanPeriod {
             || self.aged[MigrateFail::NodeFull as usize] > 0
             || self.aged[MigrateFail::RateLimited as usize] > 0;
         let (fails, migrated) = (w.failed_total(), w.migrated);
-        // Converged: at least 9 in 10 faults local and nothing left to move.
-        let converged = w.hint_faults() > 0
-            && w.faults_remote * 10 <= w.hint_faults()
-            && migrated == 0
-            && fails == 0;
+        // Converged: at least 9 in 10 hint faults found their page already on
+        // the faulting thread's node. The misplaced ones are those left remote
+        // (failed migrations included) and those just migrated (counted local
+        // after the move): a few stragglers moving, or a page busy now and then,
+        // are not a reason to keep scanning at the rate of the migration phase.
+        let misplaced = w.faults_remote + migrated;
+        let converged = w.hint_faults() > 0 && misplaced * 10 <= w.hint_faults();
 
         // The base follows locality on this window alone (nothing is kept). No
         // hint fault at all means idle, and a converged window has nothing to

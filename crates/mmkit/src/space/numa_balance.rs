@@ -24,7 +24,9 @@
 //!   page's last accessor (`Page::xchg_last_cpupid`), and, for a page on another
 //!   node than the faulting thread, asks `should_numa_migrate_memory`, checks the
 //!   range's policy, allocates on the thread's node with `Gfp::THISNODE` and
-//!   migrates with `migrate.rs`. Every outcome is counted by cause.
+//!   migrates with `migrate.rs` (a busy page is tried up to 10 times, as
+//!   Linux's `migrate_pages` retries `-EAGAIN`). Every outcome is counted by
+//!   cause.
 //! - The thread CPU time of all of it is added to the space's `system_ns`.
 //!
 //! Only the default and local policies, and `Bind` whose mask holds the thread's
@@ -54,7 +56,7 @@ use super::policy::allowed_nodes;
 use super::{Space, SpaceInner, Stat, PAGE};
 use crate::kthread::Kthread;
 use crate::mempolicy::MemPolicy;
-use crate::migrate::migrate_page;
+use crate::migrate::{migrate_page, MigrateError};
 use crate::numa_balancing::{
     should_numa_migrate_memory, Cpupid, MigrateFail, MigrateQuery, NumabCounters, NumabStat,
     NumabStats, ScanPeriod, ScanTrigger, ScanWindow,
@@ -69,6 +71,9 @@ const VIRT_SCAN_FACTOR: u64 = 8;
 /// Adaptive: of the entries whose only targets are full nodes, one in this many
 /// is still armed, a probe that sees the node accept pages again.
 const PROBE_EVERY: u64 = 16;
+/// Linux's `NR_MAX_MIGRATE_PAGES_RETRY`: tries of a busy page before it counts
+/// as a failed migration (pinned).
+const NR_MAX_MIGRATE_PAGES_RETRY: u32 = 10;
 /// Scan sequences during which any first or private fault migrates at once.
 const EARLY_SEQS: u64 = 4;
 
@@ -537,16 +542,29 @@ impl SpaceInner {
         };
         // Isolated and ours until the migration maps it.
         desc(mm, dst).xchg_last_cpupid(this.to_page_bits());
-        let mut rwc = RmapWalkControl::default();
-        match migrate_page(mm, &mut rwc, src, dst) {
+        // A page busy right now (an access holds its lock or a reference) is
+        // tried again, as Linux's `migrate_pages` retries `-EAGAIN`; a page that
+        // stays pinned fails once, as pinned.
+        let mut tries = 1;
+        let r = loop {
+            let mut rwc = RmapWalkControl::default();
+            let r = migrate_page(mm, &mut rwc, src, dst);
+            drop(rwc);
+            match r {
+                Err(MigrateError::Pinned) if tries < NR_MAX_MIGRATE_PAGES_RETRY => {
+                    tries += 1;
+                    std::thread::yield_now();
+                }
+                r => break r,
+            }
+        };
+        match r {
             Ok(()) => {
-                drop(rwc);
                 // The mapping's reference of the old page: the last one frees it.
                 mm.unpin_page(src);
                 Ok(())
             }
             Err(_) => {
-                drop(rwc);
                 mm.free_owned_pages(dst, 0)
                     .expect("freeing our own unpublished page");
                 Err(MigrateFail::Pinned)
