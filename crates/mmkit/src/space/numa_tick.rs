@@ -19,7 +19,9 @@
 //! call) only every `TICK_PAGES` pages a thread accesses in one space; the time
 //! since its previous sample in that space is added to the space's clock. A
 //! thread that moves to another space starts over there (the time in between is
-//! charged to neither). Under `Adaptive`, a thread at a sample point also checks
+//! charged to neither). Spaces are told apart by address, so a new space at a
+//! dropped one's address may be charged a thread's time since its last sample
+//! there: one early pass at worst. Under `Adaptive`, a thread at a sample point also checks
 //! whether a node the scanner avoids as full has room again, and if so scans at
 //! once (recovery does not wait out a backed-off period); that check reads the
 //! nodes' free counts without a lock.
