@@ -18,7 +18,7 @@ use mmkit_core::{
 
 use crate::compaction::{self, CompactConfig};
 use crate::kthread::Kthread;
-use crate::numa_balancing::{self, ScanParams, ScanPolicy};
+use crate::numa_balancing::{self, ScanParams, ScanPolicy, ScanTrigger};
 use crate::swapfile::SwapDevices;
 use crate::{arena, numa, platform, ClearStrategy, Error, Mm, MmInner, StdPlatform, Topology};
 use crate::{SwapAllocPolicy, SwapCacheIndex, SwapFreePolicy};
@@ -191,7 +191,7 @@ pub struct MmBuilder {
     swap_cache: SwapCacheIndex,
     swap_free: SwapFreePolicy,
     kswapd: bool,
-    numab: (ScanPolicy, ScanParams, bool),
+    numab: (ScanPolicy, ScanParams, ScanTrigger),
 }
 
 /// A quarter of RAM, capped at 4 GiB.
@@ -228,7 +228,11 @@ impl MmBuilder {
             swap_cache: SwapCacheIndex::Table,
             swap_free: SwapFreePolicy::KeepWhileRoom,
             kswapd: true,
-            numab: (ScanPolicy::Adaptive, ScanParams::default(), true),
+            numab: (
+                ScanPolicy::Adaptive,
+                ScanParams::default(),
+                ScanTrigger::TaskCpu,
+            ),
         }
     }
 
@@ -243,12 +247,24 @@ impl MmBuilder {
         self.numab.1 = p;
         self
     }
-    /// A background scanner thread per space with NUMA balancing on (default
-    /// on); off, only [`Space::task_numa_work`](crate::Space::task_numa_work)
-    /// scans (tests drive it by hand).
-    pub fn numa_scan_thread(mut self, on: bool) -> Self {
-        self.numab.2 = on;
+    /// What drives the automatic scanner of a space with NUMA balancing on
+    /// (default [`ScanTrigger::TaskCpu`]: the CPU time of the space's threads,
+    /// as Linux).
+    pub fn numa_scan_trigger(mut self, t: ScanTrigger) -> Self {
+        self.numab.2 = t;
         self
+    }
+    /// The wall-clock background scanner thread per space
+    /// ([`ScanTrigger::Wall`]) when on; off, no automatic scanning at all
+    /// ([`ScanTrigger::Manual`]: only
+    /// [`Space::task_numa_work`](crate::Space::task_numa_work) scans, tests drive
+    /// it by hand).
+    pub fn numa_scan_thread(self, on: bool) -> Self {
+        self.numa_scan_trigger(if on {
+            ScanTrigger::Wall
+        } else {
+            ScanTrigger::Manual
+        })
     }
     /// The NUMA topology (default [`Topology::host`]: the host's nodes, one on
     /// most machines). The arena is split over its nodes in equal shares of
@@ -437,7 +453,7 @@ impl MmBuilder {
             numab: numa_balancing::MmNumab {
                 policy: self.numab.0,
                 params: self.numab.1,
-                kthread: self.numab.2,
+                trigger: self.numab.2,
                 stats: Default::default(),
             },
         });

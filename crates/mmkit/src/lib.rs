@@ -70,7 +70,7 @@ pub use mmkit_core::{NodeReq, NumaStats};
 pub use numa::NodeAccesses;
 pub use numa_balancing::{
     should_numa_migrate_memory, Cpupid, GroupFaults, MigrateFail, MigrateQuery, NumabStats,
-    ScanDecision, ScanParams, ScanPeriod, ScanPolicy, ScanWindow,
+    ScanDecision, ScanParams, ScanPeriod, ScanPolicy, ScanTrigger, ScanWindow,
 };
 pub use page_io::SwapBackend;
 pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
@@ -125,7 +125,7 @@ struct MmInner {
     /// Per node, the high watermark summed over its zones (kswapd's goal).
     wmark_high: Vec<u64>,
     /// Automatic NUMA balancing: the scan policy and settings of every space,
-    /// whether a background scanner runs, and the counters of all spaces.
+    /// what triggers the scanner (`ScanTrigger`), and the counters of all spaces.
     numab: numa_balancing::MmNumab,
 }
 

@@ -22,10 +22,12 @@
 //!   (so the period is back to the minimum within two windows), and target nodes
 //!   found full are reported in [`ScanDecision::avoid_targets`] for two windows, so
 //!   the scanner does not arm PTEs whose only possible target is such a node.
-//!   A converged window (at least 9 in 10 faults local, nothing migrated or
-//!   failed) slows down as an idle one does (the period doubles): the scanner
-//!   costs little once pages sit where they are used, without Linux's trick of
-//!   never forgetting a failure.
+//!   A converged window (at least 9 in 10 hint faults found their page
+//!   already local: neither left remote nor just migrated) slows down as an
+//!   idle one does (the period doubles): the scanner costs little once pages
+//!   sit where they are used, without Linux's trick of never forgetting a
+//!   failure (which, after one busy page in thousands, slows the seed's policy
+//!   down for good).
 //!   It also reads "no faults" as no hint faults at all, where Linux tests
 //!   `local + shared == 0` and so slows down a window of private remote faults.
 //!
@@ -50,6 +52,35 @@ pub enum ScanPolicy {
     /// mmkit: back off by cause, forget as failures age, recover at once.
     #[default]
     Adaptive,
+}
+
+/// What drives a space's automatic scanner: which clock its scan period is
+/// measured on (a runtime choice in `MmBuilder::numa_scan_trigger`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub enum ScanTrigger {
+    /// No automatic scanning: only `Space::task_numa_work` scans (tests drive it
+    /// by hand).
+    Manual,
+    /// Linux's: the CPU time of the space's own threads (`task_tick_numa` on
+    /// `sum_exec_runtime`). The access path of each thread samples its CPU
+    /// clock every `TICK_PAGES` page accesses and adds what passed to the
+    /// space's clock; the thread that finds the period elapsed runs the pass
+    /// itself on its way out of the access (Linux's `task_work` on return to
+    /// user space). Scan passes are proportional to the work done, whatever the
+    /// load of the host.
+    #[default]
+    TaskCpu,
+    /// A fixed cost of `ns` nanoseconds of space time per page access, instead
+    /// of measured CPU time: deterministic (the pass count follows from the
+    /// access count alone), for tests and models.
+    Accesses {
+        /// Space time charged per page accessed.
+        ns: u64,
+    },
+    /// A background thread per space that wakes every tenth of the minimum
+    /// period and scans once the period has elapsed in wall-clock time (mmkit's
+    /// first scanner; it scans less the busier the host is).
+    Wall,
 }
 
 /// Why a NUMA-balancing migration failed.
@@ -337,11 +368,13 @@ impl ScanPeriod {
             || self.aged[MigrateFail::NodeFull as usize] > 0
             || self.aged[MigrateFail::RateLimited as usize] > 0;
         let (fails, migrated) = (w.failed_total(), w.migrated);
-        // Converged: at least 9 in 10 faults local and nothing left to move.
-        let converged = w.hint_faults() > 0
-            && w.faults_remote * 10 <= w.hint_faults()
-            && migrated == 0
-            && fails == 0;
+        // Converged: at least 9 in 10 hint faults found their page already on
+        // the faulting thread's node. The misplaced ones are those left remote
+        // (failed migrations included) and those just migrated (counted local
+        // after the move): a few stragglers moving, or a page busy now and then,
+        // are not a reason to keep scanning at the rate of the migration phase.
+        let misplaced = w.faults_remote + migrated;
+        let converged = w.hint_faults() > 0 && misplaced * 10 <= w.hint_faults();
 
         // The base follows locality on this window alone (nothing is kept). No
         // hint fault at all means idle, and a converged window has nothing to
@@ -564,9 +597,8 @@ pub fn should_numa_migrate_memory(q: &MigrateQuery) -> bool {
 pub(crate) struct MmNumab {
     pub(crate) policy: ScanPolicy,
     pub(crate) params: ScanParams,
-    /// A background scanner per space that turns balancing on (else only
-    /// `Space::task_numa_work` scans).
-    pub(crate) kthread: bool,
+    /// What drives each space's automatic scanner.
+    pub(crate) trigger: ScanTrigger,
     /// All spaces' counters summed.
     pub(crate) stats: NumabCounters,
 }

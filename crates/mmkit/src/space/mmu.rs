@@ -114,12 +114,14 @@ impl Space {
             return Ok(());
         }
         let dst = buf.as_mut_ptr();
-        self.inner.copy(addr, buf.len(), false, |frame, done, n| {
+        let r = self.inner.copy(addr, buf.len(), false, |frame, done, n| {
             // SAFETY: `frame` points at `n` readable bytes of a mapped page whose
             // page lock we hold; `done + n <= buf.len()`, and `buf` is exclusively
             // ours, so the ranges are valid and do not overlap.
             unsafe { std::ptr::copy_nonoverlapping(frame, dst.add(done), n) }
-        })
+        });
+        self.inner.numa_tick(pages_spanned(addr, buf.len()));
+        r
     }
 
     /// Copies `buf` to `addr` (across pages and adjacent mappings), faulting pages
@@ -131,12 +133,14 @@ impl Space {
             return Ok(());
         }
         let src = buf.as_ptr();
-        self.inner.copy(addr, buf.len(), true, |frame, done, n| {
+        let r = self.inner.copy(addr, buf.len(), true, |frame, done, n| {
             // SAFETY: `frame` points at `n` writable bytes of a mapped page whose
             // page lock we hold (no other reference to them exists);
             // `done + n <= buf.len()`; a page never overlaps the caller's slice.
             unsafe { std::ptr::copy_nonoverlapping(src.add(done), frame, n) }
-        })
+        });
+        self.inner.numa_tick(pages_spanned(addr, buf.len()));
+        r
     }
 
     /// Faults in the page at `addr` (as a write if `write`) without copying
@@ -144,11 +148,15 @@ impl Space {
     pub fn touch(&self, addr: u64, write: bool) -> Result<(), Error> {
         not_in_page(addr)?;
         check_range(addr, 1)?;
-        let g = self.inner.read_lock();
-        let vma = g
-            .find_cached(addr)
-            .ok_or_else(|| bad(addr, 1, "address is not mapped"))?;
-        self.inner.access(&g, &vma, addr, write, 1).map(|_| ())
+        {
+            let g = self.inner.read_lock();
+            let vma = g
+                .find_cached(addr)
+                .ok_or_else(|| bad(addr, 1, "address is not mapped"))?;
+            self.inner.access(&g, &vma, addr, write, 1)?;
+        }
+        self.inner.numa_tick(1);
+        Ok(())
     }
 
     /// Faults in every page of `[addr, addr + len)` (Linux's `MADV_POPULATE_READ`/
@@ -156,23 +164,26 @@ impl Space {
     pub fn populate(&self, addr: u64, len: usize, write: bool) -> Result<(), Error> {
         not_in_page(addr)?;
         let end = check_range(addr, len as u64)?;
-        let g = self.inner.read_lock();
-        if !g.covers(addr, end) {
-            return Err(bad(addr, len as u64, "range is not entirely mapped"));
-        }
-        let mut a = addr & !(PAGE - 1);
-        let mut vma = *g.find(a).expect("range is covered");
-        while a < end {
-            if a >= vma.end {
-                vma = *g.find(a).expect("range is covered");
+        {
+            let g = self.inner.read_lock();
+            if !g.covers(addr, end) {
+                return Err(bad(addr, len as u64, "range is not entirely mapped"));
             }
-            let t = self.inner.access(&g, &vma, a, write, 1)?;
-            a = if t.huge {
-                (a & !(PMD_SIZE - 1)) + PMD_SIZE
-            } else {
-                a + PAGE
-            };
+            let mut a = addr & !(PAGE - 1);
+            let mut vma = *g.find(a).expect("range is covered");
+            while a < end {
+                if a >= vma.end {
+                    vma = *g.find(a).expect("range is covered");
+                }
+                let t = self.inner.access(&g, &vma, a, write, 1)?;
+                a = if t.huge {
+                    (a & !(PMD_SIZE - 1)) + PMD_SIZE
+                } else {
+                    a + PAGE
+                };
+            }
         }
+        self.inner.numa_tick(pages_spanned(addr, len));
         Ok(())
     }
 
@@ -181,7 +192,8 @@ impl Space {
     /// the frame is neither freed, migrated nor reclaimed meanwhile. Accesses go
     /// on as usual (`read`, `write`, `with_page`).
     pub fn pin_page(&self, addr: u64, write: bool) -> Result<PinnedPage, Error> {
-        let (t, _lock) = self.inner.lock_mapped_page(addr, write, 1)?;
+        let t = self.inner.lock_mapped_page(addr, write, 1)?.0;
+        self.inner.numa_tick(1);
         Ok(PinnedPage {
             mm: self.inner.mm.clone(),
             t,
@@ -215,7 +227,10 @@ impl Space {
         // still maps the frame after taking the lock), and nothing else writes a
         // mapped data page.
         let bytes = unsafe { std::slice::from_raw_parts_mut(mm.page_address(t.pfn), PAGE_SIZE) };
-        Ok(f(bytes))
+        let r = f(bytes);
+        drop((_in, _pin, _lock));
+        self.inner.numa_tick(1);
+        Ok(r)
     }
 }
 
@@ -348,4 +363,10 @@ impl SpaceInner {
         }
         Ok(())
     }
+}
+
+/// Pages of `[addr, addr + len)`, for the NUMA scan clock (`numa_tick.rs`).
+fn pages_spanned(addr: u64, len: usize) -> u64 {
+    let end = addr.saturating_add(len as u64);
+    (end.div_ceil(PAGE)).saturating_sub(addr / PAGE).max(1)
 }

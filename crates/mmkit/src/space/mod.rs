@@ -53,6 +53,7 @@ mod mmap;
 mod mmu;
 mod mprotect;
 mod numa_balance;
+mod numa_tick;
 mod pagewalk;
 mod policy;
 mod swap;

@@ -11,18 +11,22 @@
 //!   node chosen). Under `Adaptive`, an entry whose page could only move to a
 //!   node found full is left alone, but for one in `PROBE_EVERY` (by address),
 //!   whose faults tell when the node accepts pages again.
-//! - The automatic scanner is a background thread per space (`kthread.rs`,
-//!   `MmBuilder::numa_scan_thread`, on by default) that wakes every tenth of the
-//!   minimum period and runs `task_numa_work` once the period has elapsed (wall
-//!   clock; Linux counts the task's CPU time), or, under `Adaptive`, as soon as
-//!   a node it avoids as full has free pages above its high watermark again
-//!   (a pass also stops avoiding such a node): recovery does not wait out a
-//!   backed-off period.
+//! - The automatic scanner is chosen by `MmBuilder::numa_scan_trigger`: by
+//!   default (`ScanTrigger::TaskCpu`, as Linux) the space's own threads run
+//!   `task_numa_work` on their way out of an access once the period has elapsed
+//!   in their CPU time (`numa_tick.rs`); `ScanTrigger::Wall` is a background
+//!   thread per space (`kthread.rs`) that wakes every tenth of the minimum
+//!   period and scans once the period has elapsed in wall-clock time. Under
+//!   `Adaptive`, both also scan as soon as a node avoided as full has free
+//!   pages above its high watermark again (a pass also stops avoiding such a
+//!   node): recovery does not wait out a backed-off period.
 //! - `do_numa_page` (dispatched from `memory.rs`) restores the entry, swaps the
 //!   page's last accessor (`Page::xchg_last_cpupid`), and, for a page on another
 //!   node than the faulting thread, asks `should_numa_migrate_memory`, checks the
 //!   range's policy, allocates on the thread's node with `Gfp::THISNODE` and
-//!   migrates with `migrate.rs`. Every outcome is counted by cause.
+//!   migrates with `migrate.rs` (a busy page is tried up to 10 times, as
+//!   Linux's `migrate_pages` retries `-EAGAIN`). Every outcome is counted by
+//!   cause.
 //! - The thread CPU time of all of it is added to the space's `system_ns`.
 //!
 //! Only the default and local policies, and `Bind` whose mask holds the thread's
@@ -52,10 +56,10 @@ use super::policy::allowed_nodes;
 use super::{Space, SpaceInner, Stat, PAGE};
 use crate::kthread::Kthread;
 use crate::mempolicy::MemPolicy;
-use crate::migrate::migrate_page;
+use crate::migrate::{migrate_page, MigrateError};
 use crate::numa_balancing::{
     should_numa_migrate_memory, Cpupid, MigrateFail, MigrateQuery, NumabCounters, NumabStat,
-    NumabStats, ScanPeriod, ScanWindow,
+    NumabStats, ScanPeriod, ScanTrigger, ScanWindow,
 };
 use crate::pgtable::{desc, Pte, HPAGE_PMD_NR, PMD_SIZE};
 use crate::rmap::RmapWalkControl;
@@ -67,18 +71,29 @@ const VIRT_SCAN_FACTOR: u64 = 8;
 /// Adaptive: of the entries whose only targets are full nodes, one in this many
 /// is still armed, a probe that sees the node accept pages again.
 const PROBE_EVERY: u64 = 16;
+/// Linux's `NR_MAX_MIGRATE_PAGES_RETRY`: tries of a busy page before it counts
+/// as a failed migration (pinned).
+const NR_MAX_MIGRATE_PAGES_RETRY: u32 = 10;
 /// Scan sequences during which any first or private fault migrates at once.
 const EARLY_SEQS: u64 = 4;
 
 /// The balancing state of one space.
 #[derive(Default)]
 pub(super) struct SpaceNumab {
-    enabled: AtomicBool,
+    pub(super) enabled: AtomicBool,
     stats: NumabCounters,
     /// Scan sequences completed (read without the lock by the fault path).
     scan_seq: AtomicU64,
     /// The preferred node + 1 (0: none yet).
     preferred: AtomicU32,
+    /// The space's scan clock in ns (`numa_tick.rs`): its threads' CPU time,
+    /// or the declared cost of its accesses.
+    pub(super) clock_ns: AtomicU64,
+    /// The clock value at which the next automatic pass is due (`u64::MAX`
+    /// while a claimed pass runs).
+    pub(super) next_scan_ns: AtomicU64,
+    /// The last decision's `avoid_targets`, for the tick to read unlocked.
+    pub(super) avoid_bits: AtomicU64,
     state: Mutex<Option<ScanState>>,
     kthread: Mutex<Option<Kthread<()>>>,
 }
@@ -136,7 +151,7 @@ fn thread_pid() -> u32 {
     })
 }
 
-/// This thread's CPU time in ns (`CLOCK_THREAD_CPUTIME_ID`, a vDSO call).
+/// This thread's CPU time in ns (`CLOCK_THREAD_CPUTIME_ID`, a system call).
 pub(crate) fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -149,12 +164,14 @@ pub(crate) fn thread_cpu_ns() -> u64 {
 }
 
 /// The nodes of `mask` short of memory: free pages at or below the high
-/// watermark (where Linux's `migrate_misplaced_folio_prepare` refuses).
-fn still_full(mm: &crate::Mm, mask: NodeMask) -> NodeMask {
-    mm.zone_info()
-        .iter()
-        .filter(|z| mask.contains(z.node) && z.nr_free + z.nr_pcp <= z.wmark[2])
-        .map(|z| z.node)
+/// watermark (where Linux's `migrate_misplaced_folio_prepare` refuses). A few
+/// atomic loads per node (the allocator's mirrored counts), no lock.
+pub(super) fn still_full(mm: &crate::Mm, mask: NodeMask) -> NodeMask {
+    mask.iter()
+        .filter(|&n| {
+            let high = mm.inner.wmark_high.get(n).copied().unwrap_or(0);
+            mm.node_nr_free_pages(n) <= high
+        })
         .collect()
 }
 
@@ -166,24 +183,36 @@ impl SpaceNumab {
 
 impl Space {
     /// Turns automatic NUMA balancing of this space on or off (off by default).
-    /// On, with `MmBuilder::numa_scan_thread` (the default), a background
-    /// scanner runs [`task_numa_work`](Self::task_numa_work) every scan period
-    /// (after `scan_delay_ms`); hint faults migrate pages toward the threads
-    /// that use them. Off, the scanner stops; entries already armed still fault
-    /// and are restored, without migration. No-op with one node.
+    /// On, [`task_numa_work`](Self::task_numa_work) runs every scan period
+    /// (after `scan_delay_ms`) as `MmBuilder::numa_scan_trigger` says (by
+    /// default in the space's own threads, the period measured in their CPU
+    /// time); hint faults migrate pages toward the threads that use them. Off,
+    /// the scanner stops; entries already armed still fault and are restored,
+    /// without migration. No-op with one node.
     pub fn set_numa_balancing(&self, on: bool) {
         let inner = &self.inner;
         let mm = &inner.mm;
         if mm.nr_nodes() < 2 {
             return;
         }
-        inner.numab.enabled.store(on, Ordering::Release);
-        {
+        if on {
             let mut st = inner.numab.lock();
-            if on && st.is_none() {
+            if st.is_none() {
                 *st = Some(inner.new_scan_state());
             }
+            let delay = mm
+                .inner
+                .numab
+                .params
+                .scan_delay_ms
+                .saturating_mul(1_000_000);
+            let now = inner.numab.clock_ns.load(Ordering::Relaxed);
+            inner
+                .numab
+                .next_scan_ns
+                .store(now.saturating_add(delay), Ordering::Release);
         }
+        inner.numab.enabled.store(on, Ordering::Release);
         let mut kt = inner
             .numab
             .kthread
@@ -194,7 +223,7 @@ impl Space {
             return;
         }
         let cfg = &mm.inner.numab;
-        if kt.is_some() || !cfg.kthread {
+        if kt.is_some() || cfg.trigger != ScanTrigger::Wall {
             return;
         }
         let k = Kthread::new();
@@ -215,7 +244,7 @@ impl Space {
                 });
             let due = due || (!avoid.is_empty() && still_full(&s.mm, avoid) != avoid);
             if due && s.numab.enabled.load(Ordering::Acquire) {
-                s.task_numa_work();
+                s.task_numa_work(None);
             }
             true
         });
@@ -233,7 +262,7 @@ impl Space {
     /// stopped. Returns the pages marked (`numa_pte_updates` added). 0 with
     /// balancing off.
     pub fn task_numa_work(&self) -> u64 {
-        self.inner.task_numa_work()
+        self.inner.task_numa_work(None)
     }
 
     /// The NUMA balancing counters of this space.
@@ -279,7 +308,7 @@ impl SpaceInner {
     }
 
     /// Counts in the space's and the Mm's counters.
-    fn numab_add(&self, s: NumabStat, v: u64) {
+    pub(super) fn numab_add(&self, s: NumabStat, v: u64) {
         self.numab.stats.add(s, v);
         self.mm.inner.numab.stats.add(s, v);
     }
@@ -289,7 +318,10 @@ impl SpaceInner {
         self.mm.inner.numab.stats.add_fail(cause, 1);
     }
 
-    fn task_numa_work(&self) -> u64 {
+    /// One pass; `claimed` is the scan-clock value at which the tick claimed
+    /// it (the next pass is due a period after it), None for a pass asked for
+    /// otherwise (the clock's current value).
+    pub(super) fn task_numa_work(&self, claimed: Option<u64>) -> u64 {
         if !self.numab.enabled.load(Ordering::Acquire) {
             return 0;
         }
@@ -306,6 +338,9 @@ impl SpaceInner {
             let d = st.period.update(&w, rss);
             st.avoid = d.avoid_targets;
             st.next_scan = Instant::now() + Duration::from_millis(d.period_ms);
+            let now = claimed.unwrap_or_else(|| self.numab.clock_ns.load(Ordering::Relaxed));
+            let next = now.saturating_add(d.period_ms.saturating_mul(1_000_000));
+            self.numab.next_scan_ns.store(next, Ordering::Release);
             (st.next_addr, st.avoid, st.cpu_nodes())
         };
         // A node avoided since the last window that has room again is not.
@@ -366,6 +401,9 @@ impl SpaceInner {
         {
             let mut g = self.numab.lock();
             if let Some(st) = g.as_mut() {
+                // The nodes this pass avoided (those with room again dropped).
+                st.avoid = avoid;
+                self.numab.avoid_bits.store(avoid.bits(), Ordering::Relaxed);
                 st.next_addr = next;
                 if next == 0 {
                     let p = st.placement();
@@ -504,16 +542,29 @@ impl SpaceInner {
         };
         // Isolated and ours until the migration maps it.
         desc(mm, dst).xchg_last_cpupid(this.to_page_bits());
-        let mut rwc = RmapWalkControl::default();
-        match migrate_page(mm, &mut rwc, src, dst) {
+        // A page busy right now (an access holds its lock or a reference) is
+        // tried again, as Linux's `migrate_pages` retries `-EAGAIN`; a page that
+        // stays pinned fails once, as pinned.
+        let mut tries = 1;
+        let r = loop {
+            let mut rwc = RmapWalkControl::default();
+            let r = migrate_page(mm, &mut rwc, src, dst);
+            drop(rwc);
+            match r {
+                Err(MigrateError::Pinned) if tries < NR_MAX_MIGRATE_PAGES_RETRY => {
+                    tries += 1;
+                    std::thread::yield_now();
+                }
+                r => break r,
+            }
+        };
+        match r {
             Ok(()) => {
-                drop(rwc);
                 // The mapping's reference of the old page: the last one frees it.
                 mm.unpin_page(src);
                 Ok(())
             }
             Err(_) => {
-                drop(rwc);
                 mm.free_owned_pages(dst, 0)
                     .expect("freeing our own unpublished page");
                 Err(MigrateFail::Pinned)

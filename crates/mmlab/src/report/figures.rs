@@ -110,6 +110,21 @@ fn target_ratio(
                 if met { "met" } else { "not met" }
             )
         }
+        // A zero baseline: only "at least k times" holds (any positive value is
+        // infinitely many times zero); the other targets do not.
+        (Some(x), Some(y)) if y == 0.0 && x > 0.0 => {
+            let (want, met) = match target {
+                Target::Times(k) => (format!(">= {k}x"), true),
+                Target::Pct(p) => (format!(">= {p}%"), true),
+                Target::AtMost(k) => (format!("<= {k}x"), false),
+                Target::Within(f) => (format!("within {}%", f * 100.0), false),
+            };
+            format!(
+                "{head} = inf ({} vs 0 {unit}; target {want}: {})",
+                num(x),
+                if met { "met" } else { "not met" }
+            )
+        }
         _ => format!("{head}: not measured"),
     }
 }
@@ -585,5 +600,27 @@ mod tests {
         );
         assert!(f[19].contains("= 1.20x") && f[19].ends_with("within 10%: not met)"));
         assert!(f[20].ends_with("not measured") && f[21].ends_with("not measured"));
+    }
+
+    #[test]
+    fn a_zero_baseline_is_infinitely_many_times_not_unmeasured() {
+        let recs = vec![
+            an("mmkit", "numa01-recover", "local_access_pct_after", 99.0),
+            an(
+                "mmkit-numab-linux",
+                "numa01-recover",
+                "local_access_pct_after",
+                0.0,
+            ),
+            an("mmkit", "numa01-full", "system_ms", 5.0),
+            an("mmkit-numab-linux", "numa01-full", "system_ms", 0.0),
+        ];
+        let f = figures(&recs);
+        assert!(
+            f[17].contains("= inf (99.00 vs 0 ") && f[17].ends_with("target >= 1.2x: met)"),
+            "{}",
+            f[17]
+        );
+        assert!(f[16].contains("= inf") && f[16].ends_with("target <= 0.8x: not met)"));
     }
 }

@@ -3,7 +3,8 @@
 //! scan slow-down experiment of seed 004.
 //!
 //! Each case builds a fresh Mm (2 emulated nodes, the variant's scan policy,
-//! the lab's scan settings `lab_scan_params`), lays out its buffers with first
+//! the lab's scan settings `lab_scan_params`, the scan period measured in the
+//! CPU time of each space's threads: `ScanTrigger::TaskCpu`), lays out its buffers with first
 //! touch on the node where they do *not* belong, turns balancing on, and runs
 //! its threads (each bound to a node with `set_thread_node`) over their
 //! buffers, writing whole 4 KiB pages (`Space::write`), for a number of passes
@@ -24,7 +25,7 @@
 //! of pages in every case (numa01's `passes` x buffer).
 //!
 //! Figures per case (the JSON `"case"`): `system_ms` (CPU time of scanning, hint
-//! faults and migration copies, `NumabStats::system_ns`), `elapsed_ms`,
+//! faults and migration copies, `NumabStats::system_ns`), `scan_passes`, `elapsed_ms`,
 //! `modelled_ms` (elapsed plus a declared cost per remote page access, see
 //! `REMOTE_NS`), `pte_updates`, `hint_faults`, `hint_local_pct`,
 //! `pages_migrated`, `migrate_fail`, `local_access_pct` (all accesses),
@@ -37,7 +38,10 @@ use std::sync::Once;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use mmkit::{MapFlags, MbindFlags, MemPolicy, Mm, NodeMask, ScanParams, Space, Topology, Variant};
+use mmkit::{
+    MapFlags, MbindFlags, MemPolicy, Mm, NodeMask, ScanParams, ScanTrigger, Space, Topology,
+    Variant,
+};
 use serde_json::{Map, Value};
 
 use super::{Figure, Metric, Workload};
@@ -105,6 +109,12 @@ const METRICS: &[Metric] = &[
         false,
     ),
     metric(
+        "scan_passes",
+        "count",
+        "scanner passes (task_numa_work runs), all spaces of the case",
+        false,
+    ),
+    metric(
         "pte_updates",
         "count",
         "pages the scanner armed (numa_pte_updates)",
@@ -151,13 +161,18 @@ const METRICS: &[Metric] = &[
 /// The four benchmarks.
 const BASES: [&str; 4] = ["numa01", "numa01_THREAD_ALLOC", "numa02", "numa02_SMT"];
 
-/// The scan settings of the lab: Linux's shape (max = 64 x min) at a
-/// millisecond scale, so that a run of a second sees tens of periods.
+/// The scan settings of the lab: Linux's shape (max = 64 x min) at a scale
+/// where a case sees tens of periods at the fastest rate. The period is
+/// measured in the CPU time of the space's threads (`ScanTrigger::TaskCpu`, as
+/// Linux), about half a second per space and case here, so that the slow-down
+/// from the fastest to the slowest period (63 x min) spans the first half of a
+/// case. A pass covers the whole 32 MiB buffer (`scan_size_mb`), and the
+/// fastest period is Linux's 2560 MiB/s scan floor for 32 MiB (12 ms).
 pub fn lab_scan_params() -> ScanParams {
     ScanParams {
-        period_min_ms: 10,
-        period_max_ms: 640,
-        scan_size_mb: 256,
+        period_min_ms: 12,
+        period_max_ms: 768,
+        scan_size_mb: 32,
         scan_delay_ms: 0,
     }
 }
@@ -340,6 +355,7 @@ fn run_case(v: Variant, threads: usize, quick: bool, case: &str) -> Result<Vec<F
         .topology(Topology::emulated(2))
         .variant(v)
         .numa_scan_params(lab_scan_params())
+        .numa_scan_trigger(ScanTrigger::TaskCpu)
         .kcompactd(false)
         .build()?;
     let l = layout(&mm, base, threads, buf)?;
@@ -374,6 +390,7 @@ fn run_case(v: Variant, threads: usize, quick: bool, case: &str) -> Result<Vec<F
             a.numa_hint_faults_local += b.numa_hint_faults_local;
             a.numa_pages_migrated += b.numa_pages_migrated;
             a.pgmigrate_fail += b.pgmigrate_fail;
+            a.scan_passes += b.scan_passes;
             a
         },
     );
@@ -382,6 +399,7 @@ fn run_case(v: Variant, threads: usize, quick: bool, case: &str) -> Result<Vec<F
         ("system_ms", st.system_ns as f64 / 1e6),
         ("elapsed_ms", elapsed),
         ("modelled_ms", elapsed + remote as f64 * REMOTE_NS / 1e6),
+        ("scan_passes", st.scan_passes as f64),
         ("pte_updates", st.numa_pte_updates as f64),
         ("hint_faults", st.numa_hint_faults as f64),
         (
@@ -454,6 +472,7 @@ impl Workload for Autonuma {
         m.insert("scan_period_min_ms".into(), p.period_min_ms.into());
         m.insert("scan_period_max_ms".into(), p.period_max_ms.into());
         m.insert("scan_size_mb".into(), p.scan_size_mb.into());
+        m.insert("scan_clock".into(), "task_cpu".into());
         m.insert("remote_model".into(), MODEL.into());
         m
     }
