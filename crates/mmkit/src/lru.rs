@@ -50,12 +50,24 @@ pub(crate) struct Lru {
     /// Per node: pages isolated from its lists by reclaimers now (Linux's
     /// `NR_ISOLATED_ANON`), for `too_many_isolated`.
     isolated: Box<[CachePadded<AtomicU64>]>,
+    /// Per node: (active, inactive) lengths as of the last unlock, so that
+    /// reclaim's sizing decisions never take the lock (Linux's lruvec sizes).
+    lens: Box<[CachePadded<[AtomicU64; 2]>]>,
 }
 
 /// A held node LRU lock and the links it guards.
 struct Locked<'a> {
     links: &'a LruLinks,
     g: Guard<'a, LruLists>,
+    /// The node's list lengths for lock-free readers, published on unlock.
+    lens: &'a [AtomicU64; 2],
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.lens[0].store(self.g.len(LruList::Active), Ordering::Relaxed);
+        self.lens[1].store(self.g.len(LruList::Inactive), Ordering::Relaxed);
+    }
 }
 
 impl Locked<'_> {
@@ -90,13 +102,18 @@ impl Lru {
             isolated: (0..nr_nodes.max(1))
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
+            lens: (0..nr_nodes.max(1))
+                .map(|_| CachePadded::new([AtomicU64::new(0), AtomicU64::new(0)]))
+                .collect(),
         }
     }
 
     fn lock(&self, nid: usize) -> Locked<'_> {
+        let nid = self.node(nid);
         Locked {
             links: &self.links,
-            g: self.nodes[nid.min(self.nodes.len() - 1)].lock(&self.lock_stats),
+            g: self.nodes[nid].lock(&self.lock_stats),
+            lens: &self.lens[nid],
         }
     }
 
@@ -131,8 +148,18 @@ impl Lru {
 
     /// `(active, inactive)` pages on node `nid`'s lists.
     pub(crate) fn nr_pages(&self, nid: usize) -> (u64, u64) {
-        let g = self.lock(nid);
-        (g.g.len(LruList::Active), g.g.len(LruList::Inactive))
+        let l = &self.lens[self.node(nid)];
+        (l[0].load(Ordering::Relaxed), l[1].load(Ordering::Relaxed))
+    }
+
+    /// Linux's `lru_add_drain`: this CPU's batch to the lists.
+    pub(crate) fn drain_local(&self, mm: &Mm) {
+        let cpu = StdPlatform::cpu_id() % self.batches.len();
+        let mut b = self.batches[cpu].lock();
+        if !b.is_empty() {
+            self.add_batch(mm, &b);
+            b.clear();
+        }
     }
 
     /// Linux's `folio_add_lru`: queues newly mapped pages on this CPU's batch,

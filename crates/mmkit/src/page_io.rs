@@ -122,7 +122,7 @@ impl Drop for RamDevice {
 #[cfg(target_arch = "x86_64")]
 unsafe fn copy_nontemporal(dst: *mut u8, src: *const u8, len: usize) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-    debug_assert!(dst as usize % 16 == 0 && len % 64 == 0);
+    debug_assert!((dst as usize).is_multiple_of(16) && len.is_multiple_of(64));
     let (d, s) = (dst.cast::<__m128i>(), src.cast::<__m128i>());
     for i in (0..len / 16).step_by(4) {
         // SAFETY: i + 3 < len / 16, so every access is inside the ranges the

@@ -72,6 +72,19 @@ struct Victim<'a> {
 }
 
 impl Mm {
+    /// Waits until no reclaimer (kswapd, a direct reclaimer) holds pages
+    /// isolated: the pages of a batch in flight are not free, nor on a list,
+    /// until it ends. A caller that wants `nr_free_pages()` exact, or runs
+    /// `check()`, after dropping its spaces calls this first (bounded: 10 s).
+    pub fn wait_reclaim_idle(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while (0..self.nr_nodes()).any(|nid| self.lru().nr_isolated(nid) > 0)
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Reclaims up to `pages` pages now (swapping out cold anonymous pages) and
     /// returns how many were freed. 0 without a swap device with free slots.
     pub fn reclaim(&self, pages: u64) -> u64 {
@@ -160,8 +173,14 @@ pub(crate) fn shrink_node(mm: &Mm, nid: usize, nr: usize, who: Reclaimer) -> u64
             std::thread::sleep(std::time::Duration::from_micros(200));
         }
     }
-    lru.drain_all(mm);
+    // Linux's `lru_add_drain`: this CPU's pending pages; every CPU's only
+    // when a first pass found nothing (a small arena's pages may all sit in
+    // the per-CPU batches, and failing then would be a false out-of-memory).
+    lru.drain_local(mm);
     for force in [false, true] {
+        if force {
+            lru.drain_all(mm);
+        }
         let (active, inactive) = lru.nr_pages(nid);
         if inactive < active || inactive < nr as u64 {
             shrink_active_list(mm, nid, SWAP_CLUSTER_MAX.max(nr), force);

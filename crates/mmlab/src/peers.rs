@@ -419,6 +419,7 @@ impl Peer {
             }
             // A background compaction run holds isolated pages until it ends.
             p.mm.wait_compaction_idle();
+            p.mm.wait_reclaim_idle();
             p.mm.drain_all_pages();
             p.mm.check().context("mm.check() after the workload")?;
             let free = p.mm.nr_free_pages();
