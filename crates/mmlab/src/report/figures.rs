@@ -8,7 +8,9 @@
 //! order0_thp_mix's two scores, mmkit against mmkit-eager; autonuma at 4
 //! threads (the seed's direction and mmkit's scan policy in numa01-full, the
 //! recovery in numa01-recover, convergence and cost in numa02 and
-//! numa01_THREAD_ALLOC). A figure whose inputs were not measured says so.
+//! numa01_THREAD_ALLOC); pmbench (the swap-cache and LRU locks and the score
+//! against the 2019 policies at 8 threads, against the kernel at 2). A figure
+//! whose inputs were not measured says so.
 
 use crate::record::{lookup, lookup_case, Record};
 
@@ -391,8 +393,8 @@ pub fn figures(records: &[Record]) -> Vec<String> {
             Target::Times(k),
         ));
     }
-    pmbench(records, &mut out);
     autonuma(records, &mut out);
+    pmbench(records, &mut out);
     out
 }
 
@@ -477,7 +479,7 @@ mod tests {
             "alloc_free_batch @ 8 threads: zone_lock_contended_pct mmkit 1.50%"
         );
         assert!(f[3].ends_with("not measured"));
-        assert_eq!(f.len(), 22);
+        assert_eq!(f.len(), 28);
         assert!(f[4..].iter().all(|l| l.ends_with("not measured")));
     }
 
@@ -584,7 +586,7 @@ mod tests {
             an("mmkit-numab-linux", "numa02", "system_ms", 10.0),
         ];
         let f = figures(&recs);
-        assert_eq!(f.len(), 22);
+        assert_eq!(f.len(), 28);
         assert_eq!(
             f[13],
             "autonuma (numa01-full) @ 4 threads: mmkit-numab-linux / mmkit-numab-4.0 \
