@@ -33,6 +33,9 @@ impl Gfp {
     pub const ATOMIC: Gfp = Gfp(GFP_HIGH_BIT | GFP_KSWAPD_RECLAIM_BIT);
     /// Cannot reclaim directly, no access to reserves.
     pub const NOWAIT: Gfp = Gfp(GFP_KSWAPD_RECLAIM_BIT);
+    /// Movable, but never reclaims directly: an opportunistic user page (swap
+    /// readahead) that is better not had than paid for with reclaim.
+    pub const MOVABLE_NOWAIT: Gfp = Gfp(GFP_MOVABLE_BIT | GFP_KSWAPD_RECLAIM_BIT);
     /// Return zeroed memory.
     pub const ZERO: Gfp = Gfp(GFP_ZERO_BIT);
     /// Do not report a failure.

@@ -85,6 +85,9 @@ pub const PG_LRU: u32 = 1 << 16;
 pub const PG_SWAPCACHE: u32 = 1 << 17;
 /// The page has been written since it was last cleaned.
 pub const PG_DIRTY: u32 = 1 << 18;
+/// A page read ahead into the swap cache and not yet mapped by a fault
+/// (Linux's `PG_readahead` as swap uses it: its first fault is a `swap_ra_hit`).
+pub const PG_READAHEAD: u32 = 1 << 19;
 /// Bits 22..32 of `flags` of a mapped data page (the head of a huge one): its
 /// last accessor for NUMA balancing (Linux's `last_cpupid` in the page flags),
 /// packed by mmkit's `numa_balancing::Cpupid::to_page_bits` (valid, node mod 8,

@@ -21,7 +21,7 @@ use crate::kthread::Kthread;
 use crate::numa_balancing::{self, ScanParams, ScanPolicy, ScanTrigger};
 use crate::swapfile::SwapDevices;
 use crate::{arena, numa, platform, ClearStrategy, Error, Mm, MmInner, StdPlatform, Topology};
-use crate::{SwapAllocPolicy, SwapCacheIndex, SwapFreePolicy};
+use crate::{SwapAllocPolicy, SwapCacheIndex, SwapFreePolicy, SwapReadahead};
 
 /// The named policy sets the lab compares.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -190,6 +190,7 @@ pub struct MmBuilder {
     swap_alloc: SwapAllocPolicy,
     swap_cache: SwapCacheIndex,
     swap_free: SwapFreePolicy,
+    swap_ra: SwapReadahead,
     kswapd: bool,
     numab: (ScanPolicy, ScanParams, ScanTrigger),
 }
@@ -227,6 +228,7 @@ impl MmBuilder {
             swap_alloc: SwapAllocPolicy::PerCpuCluster,
             swap_cache: SwapCacheIndex::Table,
             swap_free: SwapFreePolicy::KeepWhileRoom,
+            swap_ra: SwapReadahead::Vma,
             kswapd: true,
             numab: (
                 ScanPolicy::Adaptive,
@@ -285,6 +287,13 @@ impl MmBuilder {
     /// How the swap cache is indexed (default [`SwapCacheIndex::Table`]).
     pub fn swap_cache(mut self, i: SwapCacheIndex) -> Self {
         self.swap_cache = i;
+        self
+    }
+
+    /// What a swap-in reads ahead (default [`SwapReadahead::Vma`], as Linux's;
+    /// its window closes by itself under random access).
+    pub fn swap_readahead(mut self, ra: SwapReadahead) -> Self {
+        self.swap_ra = ra;
         self
     }
 
@@ -445,7 +454,13 @@ impl MmBuilder {
             node_access,
             numa_note,
             lru: crate::lru::Lru::new(nr_pages, nr_nodes, nr_cpus),
-            swap: SwapDevices::new(self.swap_alloc, self.swap_cache, self.swap_free, nr_cpus),
+            swap: SwapDevices::new(
+                self.swap_alloc,
+                self.swap_cache,
+                self.swap_free,
+                self.swap_ra,
+                nr_cpus,
+            ),
             kswapd: (0..if self.kswapd { nr_nodes } else { 0 })
                 .map(|_| Kthread::new())
                 .collect(),

@@ -81,7 +81,7 @@ pub use space::{
     MapFlags, PinnedPage, Space, SpaceStats, Translation, MMAP_BASE, SPARSE_TOUCH_BYTES,
 };
 pub use swap_cluster::SwapAllocPolicy;
-pub use swap_state::SwapCacheIndex;
+pub use swap_state::{SwapCacheIndex, SwapReadahead};
 pub use swapfile::{SwapDevice, SwapFreePolicy, SwapId, SwapInfo, SwapKind};
 pub use topology::{NodeInfo, Topology, TopologyError};
 

@@ -23,21 +23,40 @@
 //! Locking: `Trunks`: each trunk's map under its lock (statistics in
 //! `trunk_lock_stats`). `Table`: entries written under the cluster lock of the
 //! swap map (`SwapMap::lock_cluster`), read with `Acquire` loads.
+//!
+//! # Readahead
+//!
+//! [`SwapReadahead`] (Linux's `swapin_readahead`): a swap-in may read more
+//! slots into the cache, `Cluster` (the slots after the faulting one on the
+//! device, Linux's `swap_cluster_readahead`) or `Vma` (the swap entries of the
+//! following PTEs, Linux's `swap_vma_readahead`, done in `space/swap.rs`). The
+//! window adapts as Linux's `__swapin_nr_pages` does: hits since the last fault
+//! + 2, rounded up to a power of two, at most [`SWAP_RA_MAX`]; without hits only
+//! a sequential fault reads ahead, and the window shrinks by half at a time.
+//! A page read ahead is in the cache, unmapped, with `PG_READAHEAD`, and owns
+//! the allocation's reference; a fault on its entry maps it (a `swap_ra_hit`,
+//! the reference becomes the mapping's). Otherwise it is dropped and freed when
+//! the last PTE of its slot goes (`try_to_reclaim_swap`, from the zap), by
+//! reclaim (oldest first, before the LRU), or when the queue of read-ahead
+//! pages is full. The queue may hold stale entries (pages mapped or dropped
+//! since); every use re-checks the page under its lock.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 use mmkit_core::{LockStats, Platform};
 
-use mmkit_core::page::PG_SWAPCACHE;
+use mmkit_core::page::{PG_READAHEAD, PG_SWAPCACHE};
+use mmkit_core::VmEvent;
 
 use crate::pgtable::{desc, Pte, SwapEntry};
 use crate::platform::StdPlatform;
 use crate::rmap::PageGuard;
 use crate::swap_cluster::{SwapMap, SWAP_ADDRESS_SPACE_PAGES};
 use crate::swap_lock::{LockClassStats, StatLock};
+use crate::{Gfp, Pfn};
 
 /// Which index the swap cache uses (see the module header).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -223,7 +242,169 @@ impl SwapCache {
     }
 }
 
+/// What a swap-in reads besides the faulting slot (see the module header).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SwapReadahead {
+    /// Only the faulting slot.
+    Off,
+    /// The slots after it on the device, within its cluster.
+    Cluster,
+    /// The swap entries of the PTEs after it, within its page table (Linux's
+    /// default).
+    #[default]
+    Vma,
+}
+
+/// The largest readahead window, in pages (Linux's `page_cluster` = 3).
+pub(crate) const SWAP_RA_MAX: u64 = 8;
+/// Read-ahead pages waiting for a fault at most; the oldest go first.
+const SWAP_RA_QUEUE_MAX: usize = 4096;
+
+/// Readahead state of one Mm (Linux's `swapin_readahead_hits`, `prev_offset`,
+/// `last_readahead_pages`) and the pages read ahead, oldest first.
+#[derive(Default)]
+pub(crate) struct SwapRa {
+    pub(crate) policy: SwapReadahead,
+    hits: AtomicU64,
+    prev: AtomicU64,
+    last_window: AtomicU64,
+    queue: parking_lot::Mutex<VecDeque<(u32, SwapEntry)>>,
+}
+
+impl SwapRa {
+    pub(crate) fn new(policy: SwapReadahead) -> SwapRa {
+        SwapRa {
+            policy,
+            ..SwapRa::default()
+        }
+    }
+
+    /// Linux's `__swapin_nr_pages`: the window for a fault at `key` (a slot
+    /// offset for `Cluster`, a virtual page for `Vma`), counting the faulting
+    /// page; 1 means no readahead.
+    pub(crate) fn window(&self, key: u64) -> u64 {
+        if self.policy == SwapReadahead::Off {
+            return 1;
+        }
+        let hits = self.hits.swap(0, Ordering::Relaxed);
+        let prev = self.prev.swap(key, Ordering::Relaxed);
+        let mut pages = hits + 2;
+        if pages == 2 {
+            if key != prev.wrapping_add(1) && key != prev.wrapping_sub(1) {
+                pages = 1;
+            }
+        } else {
+            pages = pages.next_power_of_two();
+        }
+        pages = pages.min(SWAP_RA_MAX);
+        let last = self.last_window.load(Ordering::Relaxed);
+        pages = pages.max(last / 2);
+        self.last_window.store(pages, Ordering::Relaxed);
+        pages
+    }
+
+    /// A fault found a page read ahead.
+    pub(crate) fn hit(&self) {
+        self.hits.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 impl crate::Mm {
+    /// Reads `entry` ahead into the swap cache: a page of its own, unmapped,
+    /// `PG_READAHEAD`, queued. False (nothing changed) when the slot is free,
+    /// already cached or being read, no page is free without reclaim, or the
+    /// read fails.
+    pub(crate) fn swap_readahead_one(&self, entry: SwapEntry) -> bool {
+        let swap = self.swap();
+        if swap.lookup_swap_cache(entry).is_some() {
+            return false;
+        }
+        let Ok(page) = self.alloc_owned_pages(Gfp::MOVABLE_NOWAIT, 0) else {
+            return false;
+        };
+        if swap.swapcache_prepare(entry).is_err() {
+            self.free_owned_pages(page, 0)
+                .expect("our unpublished page");
+            return false;
+        }
+        let lock = self.lock_page(page);
+        self.swapcache_add(&lock, entry);
+        // SAFETY: the page is ours alone (just allocated, not mapped, locked):
+        // 4096 writable bytes inside the arena that nothing else references.
+        let buf =
+            unsafe { std::slice::from_raw_parts_mut(self.page_address(page), crate::PAGE_SIZE) };
+        if swap.swap_readpage(entry, buf).is_err() {
+            // A later fault reads it again and reports the error.
+            self.swapcache_drop(&lock);
+            drop(lock);
+            self.free_owned_pages(page, 0)
+                .expect("our unpublished page");
+            return false;
+        }
+        desc(self, page).set_flag(PG_READAHEAD);
+        drop(lock);
+        let pa = self.page_alloc();
+        pa.count_vm_event(VmEvent::SwapRa, 1);
+        pa.count_vm_event(VmEvent::PswpIn, 1);
+        let full = {
+            let mut q = swap.ra().queue.lock();
+            q.push_back((page.get() as u32, entry));
+            q.len() > SWAP_RA_QUEUE_MAX
+        };
+        if full {
+            self.shrink_readahead(1);
+        }
+        true
+    }
+
+    /// Drops the page cached for `entry` if it is a read-ahead page no fault
+    /// mapped (Linux's `__try_to_reclaim_swap`, as `free_swap_and_cache` uses
+    /// it once the last PTE of the slot is gone); frees its slot with it.
+    pub(crate) fn try_to_reclaim_swap(&self, entry: SwapEntry) -> bool {
+        let Some(pfn) = self.swap().lookup_swap_cache(entry) else {
+            return false;
+        };
+        let lock = self.lock_page(Pfn::new(pfn as u64));
+        self.drop_readahead_page(lock, entry)
+    }
+
+    /// Drops the locked page if it still caches `entry` unmapped, read ahead.
+    fn drop_readahead_page(&self, lock: PageGuard<'_>, entry: SwapEntry) -> bool {
+        let d = desc(self, lock.pfn());
+        if self.swapcache_entry(&lock) != Some(entry)
+            || !d.test_flag(PG_READAHEAD)
+            || d.mapping.load(Ordering::Acquire) != 0
+        {
+            return false;
+        }
+        d.clear_flag(PG_READAHEAD);
+        self.swapcache_drop(&lock);
+        let pfn = lock.pfn();
+        drop(lock);
+        self.free_owned_pages(pfn, 0)
+            .expect("a read-ahead page is the cache's");
+        true
+    }
+
+    /// Reclaim's share: drops up to `n` read-ahead pages that no fault used,
+    /// oldest first; returns how many were freed.
+    pub(crate) fn shrink_readahead(&self, n: usize) -> u64 {
+        let mut freed = 0;
+        let mut looked = 0;
+        while (freed as usize) < n && looked < 4 * n.max(1) {
+            let Some((pfn, entry)) = self.swap().ra().queue.lock().pop_front() else {
+                break;
+            };
+            looked += 1;
+            match self.trylock_page(Pfn::new(pfn as u64)) {
+                Some(lock) => freed += u64::from(self.drop_readahead_page(lock, entry)),
+                // In use this moment (a fault mapping it): look again later.
+                None => self.swap().ra().queue.lock().push_back((pfn, entry)),
+            }
+        }
+        freed
+    }
+
     /// Puts the locked page `page` in the swap cache for `entry` (whose slot
     /// holds the cache's reference): the index entry, `PG_SWAPCACHE` and the
     /// page's `swap_entry` (Linux's `add_to_swap_cache`).

@@ -41,7 +41,7 @@ use crate::page_io::{
 };
 use crate::pgtable::SwapEntry;
 use crate::swap_cluster::{MapError, SwapAllocPolicy, SwapMap, SWAPFILE_CLUSTER};
-use crate::swap_state::{CacheExists, SwapCache, SwapCacheIndex};
+use crate::swap_state::{CacheExists, SwapCache, SwapCacheIndex, SwapRa, SwapReadahead};
 use crate::{Error, Mm};
 
 /// Highest priority a user may give (Linux's `SWAP_FLAG_PRIO_MASK`).
@@ -294,6 +294,7 @@ pub(crate) struct SwapDevices {
     alloc: SwapAllocPolicy,
     index: SwapCacheIndex,
     free_policy: SwapFreePolicy,
+    ra: SwapRa,
     nr_cpus: usize,
     table: ShardedLock<Table>,
     swapon_mutex: Mutex<()>,
@@ -305,12 +306,14 @@ impl SwapDevices {
         alloc: SwapAllocPolicy,
         index: SwapCacheIndex,
         free_policy: SwapFreePolicy,
+        ra: SwapReadahead,
         nr_cpus: usize,
     ) -> SwapDevices {
         SwapDevices {
             alloc,
             index,
             free_policy,
+            ra: SwapRa::new(ra),
             nr_cpus,
             table: ShardedLock::new(Table {
                 least_priority: -1,
@@ -498,6 +501,11 @@ impl SwapDevices {
             t.avail.insert(at, si.clone());
         }
         Ok(si.map.inuse())
+    }
+
+    /// The readahead policy and state.
+    pub(crate) fn ra(&self) -> &SwapRa {
+        &self.ra
     }
 
     /// Does device `ty` take allocations (false once `swapoff` began)?

@@ -8,7 +8,13 @@ use std::sync::atomic::Ordering;
 const MB: u64 = 1 << 20;
 
 fn devices(alloc: SwapAllocPolicy, index: SwapCacheIndex) -> SwapDevices {
-    SwapDevices::new(alloc, index, SwapFreePolicy::HalfFull, 4)
+    SwapDevices::new(
+        alloc,
+        index,
+        SwapFreePolicy::HalfFull,
+        SwapReadahead::Off,
+        4,
+    )
 }
 
 fn page(tag: u8) -> Vec<u8> {
@@ -324,7 +330,13 @@ fn swap_out_and_in_from_16_threads() {
         (SwapAllocPolicy::PerCpuCursor, SwapCacheIndex::Trunks),
         (SwapAllocPolicy::PerCpuCluster, SwapCacheIndex::Table),
     ] {
-        let d = Arc::new(SwapDevices::new(alloc, index, SwapFreePolicy::HalfFull, 16));
+        let d = Arc::new(SwapDevices::new(
+            alloc,
+            index,
+            SwapFreePolicy::HalfFull,
+            SwapReadahead::Off,
+            16,
+        ));
         d.swapon(SwapDevice::ram(2 * MB).priority(1)).unwrap();
         d.swapon(SwapDevice::ram(2 * MB).priority(1)).unwrap();
         let handles: Vec<_> = (0..16u32)

@@ -177,6 +177,12 @@ pub(crate) fn shrink_node(mm: &Mm, nid: usize, nr: usize, who: Reclaimer) -> u64
     // when a first pass found nothing (a small arena's pages may all sit in
     // the per-CPU batches, and failing then would be a false out-of-memory).
     lru.drain_local(mm);
+    // Pages read ahead that no fault used yet are the coldest of all.
+    let ra = mm.shrink_readahead(nr) as usize;
+    if ra >= nr {
+        return ra as u64;
+    }
+    let nr = nr - ra;
     for force in [false, true] {
         if force {
             lru.drain_all(mm);
@@ -186,8 +192,8 @@ pub(crate) fn shrink_node(mm: &Mm, nid: usize, nr: usize, who: Reclaimer) -> u64
             shrink_active_list(mm, nid, SWAP_CLUSTER_MAX.max(nr), force);
         }
         let r = shrink_inactive_list(mm, nid, nr, who, force);
-        if r > 0 {
-            return r;
+        if r > 0 || ra > 0 {
+            return r + ra as u64;
         }
     }
     0

@@ -575,3 +575,75 @@ fn read_faults_keep_their_slot_while_there_is_room() {
         "KeepWhileRoom: {keep_out} writes for {keep_in} swap-ins (at most {arena_pages} expected)"
     );
 }
+
+/// Swap readahead (`SwapReadahead`): a sequential read of a swapped-out range
+/// reads ahead (the next slots, or the next PTEs' entries) and later faults
+/// find those pages in the swap cache; every byte is right; random reads keep
+/// the window shut; unused read-ahead pages go with their slot when the space
+/// is dropped, so every page and slot comes back.
+#[test]
+fn readahead_policies() {
+    use mmkit::SwapReadahead;
+    let pages = (48 * MIB / PAGE_SIZE) as u64;
+    for ra in [
+        SwapReadahead::Off,
+        SwapReadahead::Cluster,
+        SwapReadahead::Vma,
+    ] {
+        let mm = Mm::builder()
+            .memory(16 * MIB)
+            .swap_readahead(ra)
+            .build()
+            .unwrap();
+        let free0 = mm.nr_free_pages();
+        mm.swapon(SwapDevice::ram(128 << 20)).unwrap();
+        let s = mm.new_space().unwrap();
+        let a = s
+            .mmap(pages as usize * PAGE_SIZE, MapFlags::empty())
+            .unwrap();
+        fill(&s, a, pages, 11);
+        let (ra0, hit0) = (ev(&mm, VmEvent::SwapRa), ev(&mm, VmEvent::SwapRaHit));
+        verify(&s, a, pages, 11);
+        let (ras, hits) = (
+            ev(&mm, VmEvent::SwapRa) - ra0,
+            ev(&mm, VmEvent::SwapRaHit) - hit0,
+        );
+        match ra {
+            SwapReadahead::Off => assert_eq!((ras, hits), (0, 0)),
+            _ => {
+                // Pages go out in address order and come back in it: most
+                // swap-ins of the sequential pass are hits.
+                assert!(hits > pages / 4, "{ra:?}: {hits} hits, {ras} read ahead");
+                assert!(hits <= ras, "{ra:?}: {hits} hits of {ras} pages read ahead");
+            }
+        }
+        // Random single-page reads: the window closes (no hits, no sequence).
+        let mut rng = Rng(7);
+        let ra1 = ev(&mm, VmEvent::SwapRa);
+        let in1 = ev(&mm, VmEvent::PswpIn);
+        for _ in 0..4000 {
+            let i = rng.below(pages);
+            let mut b = [0u8; 8];
+            s.read(a + i * PAGE + (i % 512) * 8, &mut b).unwrap();
+            assert_eq!(u64::from_le_bytes(b), 11 ^ i, "{ra:?}: page {i}");
+        }
+        let (ras, ins) = (
+            ev(&mm, VmEvent::SwapRa) - ra1,
+            ev(&mm, VmEvent::PswpIn) - in1,
+        );
+        assert!(
+            ras * 4 <= ins,
+            "{ra:?}: {ras} read ahead in {ins} random swap-ins"
+        );
+        // Writes after readahead, then everything read back.
+        fill(&s, a, pages, 12);
+        verify(&s, a, pages, 12);
+        drop(s);
+        mm.wait_reclaim_idle();
+        assert_eq!(used_swap(&mm), 0, "{ra:?}: slots leaked");
+        assert_eq!(mm.swap_info()[0].cached_pages, 0, "{ra:?}: cache leaked");
+        mm.check().unwrap();
+        mm.drain_all_pages();
+        assert_eq!(mm.nr_free_pages(), free0, "{ra:?}: pages leaked");
+    }
+}

@@ -153,7 +153,7 @@ impl SpaceInner {
             return Ok(());
         }
         if e.is_swap() {
-            return self.do_swap_page(vmf, slot, e);
+            return self.do_swap_page(vmf, pt, slot, e);
         }
         Ok(()) // present: a racing fault installed it
     }

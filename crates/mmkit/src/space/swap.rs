@@ -2,9 +2,10 @@
 //! space (Linux's `unuse_mm`).
 //!
 //! A fault on a swap PTE:
-//! 1. If the entry's page is in the swap cache, reclaim is writing it out or
-//!    another fault is reading it in: wait for that page's lock, then retry (the
-//!    PTE has changed, or the page left the cache).
+//! 1. If the entry's page is in the swap cache, it was read ahead (map it), or
+//!    reclaim is writing it out or another fault is reading it in: wait for
+//!    that page's lock, then retry (the PTE has changed, or the page left the
+//!    cache).
 //! 2. A new page (owned, movable; the slow path may reclaim), then
 //!    `swapcache_prepare`: of concurrent faults on one entry exactly one wins and
 //!    reads; the others find the winner's page in the cache (step 1) or retry.
@@ -19,7 +20,9 @@
 //!    while the devices are at most half full, mmkit's while the free slots
 //!    cover every resident page without one; a write fault, or a policy that
 //!    says no, takes it out, which frees the slot.
-//!    Readahead is `off` (a policy stub: `swap_ra`/`swap_ra_hit` stay 0).
+//!    Then readahead, as the `SwapReadahead` policy says (`swap_state.rs`):
+//!    the next slots or the next PTEs' entries are read into the swap cache,
+//!    unmapped; a later fault on one finds it there (step 1) and maps it.
 //!
 //! Invariants: the PTE leaves the swap entry only by that compare-and-swap, after
 //! the page holds the verified data; a page's reverse map is set before it is
@@ -30,13 +33,17 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use mmkit_core::page::PG_READAHEAD;
 use mmkit_core::VmEvent;
 
 use super::memory::VmFault;
 use super::{leaf, SpaceInner, Stat, PAGE};
 use crate::page_io::SwapIoError;
-use crate::pgtable::{Pte, SwapEntry};
+use crate::pgtable::{desc, pt_index, Pte, SwapEntry, Table, PMD_SIZE};
+use crate::rmap::PageGuard;
 use crate::swap_cluster::MapError;
+use crate::swap_cluster::SWAPFILE_CLUSTER;
+use crate::swap_state::SwapReadahead;
 use crate::swapfile::SwapError;
 use crate::{rmap, Error, Gfp, Pfn, PAGE_SIZE};
 
@@ -77,6 +84,7 @@ impl SpaceInner {
     pub(super) fn do_swap_page(
         &self,
         vmf: &VmFault<'_>,
+        pt: &Table,
         slot: &AtomicU64,
         e: Pte,
     ) -> Result<(), Error> {
@@ -98,7 +106,15 @@ impl SpaceInner {
                 return Ok(());
             }
             if let Some(pfn) = swap.lookup_swap_cache(entry) {
-                drop(mm.lock_page(Pfn::new(pfn as u64)));
+                let cached = mm.lock_page(Pfn::new(pfn as u64));
+                if slot.load(Ordering::Acquire) == e.raw()
+                    && mm.swapcache_entry(&cached) == Some(entry)
+                    && desc(mm, cached.pfn()).test_flag(PG_READAHEAD)
+                {
+                    mm.free_owned_pages(page, 0).expect("our unpublished page");
+                    return self.map_readahead_page(vmf, slot, e, entry, cached);
+                }
+                drop(cached);
                 backoff(&mut spins);
                 continue;
             }
@@ -150,6 +166,19 @@ impl SpaceInner {
             undo(mm, lock);
             return Ok(());
         }
+        self.swapin_mapped(vmf, entry, lock);
+        mm.page_alloc().count_vm_event(VmEvent::PswpIn, 1);
+        self.swapin_readahead(vmf, pt, entry);
+        Ok(())
+    }
+
+    /// Step 4's end, for a page read now or read ahead: the slot loses the
+    /// PTE's reference, the page leaves the swap cache as the policy says, and
+    /// joins the LRU.
+    fn swapin_mapped(&self, vmf: &VmFault<'_>, entry: SwapEntry, lock: PageGuard<'_>) {
+        let mm = &self.mm;
+        let swap = mm.swap();
+        let page = lock.pfn();
         let _ = swap.swap_free(entry);
         let resident = mm.nr_managed_pages().saturating_sub(mm.nr_free_pages());
         if vmf.write || !swap.allocatable(entry.ty()) || swap.should_free_swap(resident) {
@@ -157,9 +186,72 @@ impl SpaceInner {
         }
         drop(lock);
         self.stats.add(Stat::Rss, 1);
-        mm.page_alloc().count_vm_event(VmEvent::PswpIn, 1);
         mm.lru().lru_cache_add(mm, &[page]);
+    }
+
+    /// A fault found its entry's page read ahead (locked, in the cache, not
+    /// mapped: `PG_READAHEAD` is cleared only when it is mapped or dropped,
+    /// both under its lock): maps it, a `swap_ra_hit`.
+    fn map_readahead_page(
+        &self,
+        vmf: &VmFault<'_>,
+        slot: &AtomicU64,
+        e: Pte,
+        entry: SwapEntry,
+        lock: PageGuard<'_>,
+    ) -> Result<(), Error> {
+        let mm = &self.mm;
+        let page = lock.pfn();
+        let va = vmf.addr & !(PAGE - 1);
+        rmap::set(mm, page, self.id, va);
+        let pte = leaf(page, false).with(vmf.young_bits());
+        if slot
+            .compare_exchange(e.raw(), pte.raw(), Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // The PTE changed meanwhile: the page stays read ahead.
+            rmap::clear(mm, page);
+            return Ok(());
+        }
+        desc(mm, page).clear_flag(PG_READAHEAD);
+        mm.swap().ra().hit();
+        mm.page_alloc().count_vm_event(VmEvent::SwapRaHit, 1);
+        self.swapin_mapped(vmf, entry, lock);
         Ok(())
+    }
+
+    /// Linux's `swapin_readahead` after the fault on `entry` was served: with
+    /// `Cluster`, the slots after it in its cluster; with `Vma`, the swap
+    /// entries of the PTEs after the fault's, in the same VMA and page table.
+    /// Each is read into the swap cache unmapped (`Mm::swap_readahead_one`).
+    fn swapin_readahead(&self, vmf: &VmFault<'_>, pt: &Table, entry: SwapEntry) {
+        let mm = &self.mm;
+        let ra = mm.swap().ra();
+        let va = vmf.addr & !(PAGE - 1);
+        match ra.policy {
+            SwapReadahead::Off => {}
+            SwapReadahead::Cluster => {
+                let w = ra.window(entry.offset());
+                let end = (entry.offset() | (u64::from(SWAPFILE_CLUSTER) - 1)) + 1;
+                for off in entry.offset() + 1..(entry.offset() + w).min(end) {
+                    if let Some(next) = SwapEntry::new(entry.ty(), off) {
+                        mm.swap_readahead_one(next);
+                    }
+                }
+            }
+            SwapReadahead::Vma => {
+                let w = ra.window(va / PAGE);
+                let table_end = (va | (PMD_SIZE - 1)) + 1;
+                let end = (va + w * PAGE).min(vmf.vma.end).min(table_end);
+                // The fault's PTE table stays while its shared VMA lock is held.
+                for a in (va + PAGE..end).step_by(PAGE as usize) {
+                    let pte = Pte::from_raw(pt[pt_index(a, 0)].load(Ordering::Acquire));
+                    if let Some(ra_entry) = pte.swap_entry() {
+                        mm.swap_readahead_one(ra_entry);
+                    }
+                }
+            }
+        }
     }
 
     /// Swapoff's walk (Linux's `unuse_mm`): faults back in every page of this

@@ -26,6 +26,8 @@ use crate::pgtable::{
 use crate::{rmap, Mm, Pfn};
 use mmkit_core::page::PG_SWAPCACHE;
 
+use crate::swap_cluster::SWAP_HAS_CACHE;
+
 /// Pages an [`MmuGather`] collects before freeing them in one batch.
 pub const MMU_GATHER_BATCH: usize = 512;
 /// Highest level of table page that `munmap` frees (the root, level 3, only goes
@@ -214,8 +216,11 @@ impl SpaceInner {
             cleared += 1;
             if !e.maps_page() {
                 if let Some(entry) = e.swap_entry() {
-                    // The PTE's reference on its slot (Linux's `free_swap_and_cache`).
-                    let _ = mm.swap().swap_free(entry);
+                    // The PTE's reference on its slot (Linux's `free_swap_and_cache`):
+                    // a page read ahead for it, unused, goes with it.
+                    if mm.swap().swap_free(entry) == Ok(SWAP_HAS_CACHE) {
+                        mm.try_to_reclaim_swap(entry);
+                    }
                 }
                 continue;
             }
