@@ -123,6 +123,14 @@ impl Variant {
             _ => (SwapAllocPolicy::PerCpuCluster, SwapCacheIndex::Table),
         }
     }
+    /// Sharded LRU lists (a shard per CPU and node, mmkit's), or one pair of
+    /// lists per node behind one lock (Linux's `lru_lock`, the baselines').
+    pub const fn lru_sharded(self) -> bool {
+        !matches!(
+            self,
+            Variant::MmkitSwap2019 | Variant::MmkitSwap2020 | Variant::MmkitSwap618
+        )
+    }
     /// When a swapped-in page frees its slot: Linux's half-full rule for the
     /// Linux baselines, mmkit's keep-while-room otherwise.
     pub const fn swap_free_policy(self) -> SwapFreePolicy {
@@ -191,6 +199,7 @@ pub struct MmBuilder {
     swap_cache: SwapCacheIndex,
     swap_free: SwapFreePolicy,
     swap_ra: SwapReadahead,
+    lru_sharded: bool,
     kswapd: bool,
     numab: (ScanPolicy, ScanParams, ScanTrigger),
 }
@@ -229,6 +238,7 @@ impl MmBuilder {
             swap_cache: SwapCacheIndex::Table,
             swap_free: SwapFreePolicy::KeepWhileRoom,
             swap_ra: SwapReadahead::Vma,
+            lru_sharded: true,
             kswapd: true,
             numab: (
                 ScanPolicy::Adaptive,
@@ -290,6 +300,13 @@ impl MmBuilder {
         self
     }
 
+    /// LRU lists sharded per CPU (default true, mmkit's), or one pair per
+    /// node under one lock (false, Linux's).
+    pub fn lru_sharded(mut self, on: bool) -> Self {
+        self.lru_sharded = on;
+        self
+    }
+
     /// What a swap-in reads ahead (default [`SwapReadahead::Vma`], as Linux's;
     /// its window closes by itself under random access).
     pub fn swap_readahead(mut self, ra: SwapReadahead) -> Self {
@@ -322,6 +339,7 @@ impl MmBuilder {
         self.fault_around = v.fault_around();
         (self.swap_alloc, self.swap_cache) = v.swap_policies();
         self.swap_free = v.swap_free_policy();
+        self.lru_sharded = v.lru_sharded();
         if let Some(p) = v.numa_balancing() {
             self.numab.0 = p;
         }
@@ -453,7 +471,7 @@ impl MmBuilder {
             id: NEXT_MM_ID.fetch_add(1, Ordering::Relaxed),
             node_access,
             numa_note,
-            lru: crate::lru::Lru::new(nr_pages, nr_nodes, nr_cpus),
+            lru: crate::lru::Lru::new(nr_pages, nr_nodes, nr_cpus, self.lru_sharded),
             swap: SwapDevices::new(
                 self.swap_alloc,
                 self.swap_cache,

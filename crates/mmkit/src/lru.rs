@@ -4,11 +4,21 @@
 //! lock is taken once per batch instead of once per fault.
 //!
 //! The list mechanics (intrusive lists with links indexed by pfn) are the core's
-//! ([`mmkit_core::lru`]); this file adds the per-node LRU lock, the per-CPU
-//! batches, and `PG_LRU` on the page descriptor, kept equal to "on a list" as
-//! Linux's flag is.
+//! ([`mmkit_core::lru`]); this file adds the LRU locks, the per-CPU batches,
+//! and `PG_LRU` on the page descriptor, kept equal to "on a list" as Linux's
+//! flag is.
 //!
-//! Invariants (all under the LRU lock of the frame's node):
+//! Beyond Linux, each node's lists are split into shards (one per CPU, up to
+//! [`MAX_LRU_SHARDS`]), each a pair of lists under a lock of its own; a page's
+//! shard follows from its pfn (its 2 MiB block), so every operation on a page
+//! knows which lock to take, and the pages of one batch (mostly from one
+//! per-CPU refill) share a few shards. Reclaimers take their batches from the
+//! shards in turn (a per-node cursor), so concurrent reclaimers and faults
+//! spread over the locks where Linux's single `lru_lock` serialises them (the
+//! next contention point of seed 002 once the swap cache's was gone). Ageing is
+//! per shard: the tail of a shard is the oldest of that shard.
+//!
+//! Invariants (all under the LRU lock of the frame's shard):
 //! - a frame is on a list only if it is an allocated order-0 page mapped by some
 //!   space (`mapping != 0`) at the moment it is linked; whoever clears `mapping`
 //!   (unmap through the mmu_gather, migration) takes it off with that same lock
@@ -20,10 +30,10 @@
 //!   under the lock when it drains (a page unmapped meanwhile is skipped, one
 //!   reallocated and mapped again is linked once, `PG_LRU` stops a second link).
 //!
-//! Locking: per-CPU batch mutex (uncontended but for remote drains) -> node LRU
-//! lock ([`StatLock`], its acquisitions and waits counted like the zone lock's).
-//! The link arrays are atomics written only under the owning node's lock, read
-//! only under it.
+//! Locking: per-CPU batch mutex (uncontended but for remote drains) -> one
+//! shard's LRU lock at a time ([`StatLock`], acquisitions and waits of all
+//! shards counted together like the zone lock's). The link arrays are atomics
+//! written only under the owning shard's lock, read only under it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -40,18 +50,26 @@ use crate::{Mm, Pfn, StdPlatform};
 
 /// Pages a per-CPU `lru_add` batch holds before it drains (Linux's folio batch).
 pub(crate) const LRU_ADD_BATCH: usize = 31;
+/// Most LRU shards per node.
+pub(crate) const MAX_LRU_SHARDS: usize = 16;
+/// A shard holds whole blocks of this order (2 MiB).
+const SHARD_BLOCK_ORDER: u32 = 9;
 
 /// The anonymous LRU of one Mm: per-node lists, per-CPU add batches.
 pub(crate) struct Lru {
     links: LruLinks,
+    /// Per node, `shards` shards: index `nid * shards + shard`.
     nodes: Box<[CachePadded<StatLock<LruLists>>]>,
+    shards: usize,
+    /// Per node: the shard the next isolation starts from.
+    cursor: Box<[CachePadded<std::sync::atomic::AtomicUsize>]>,
     lock_stats: LockClassStats,
     batches: Box<[CachePadded<parking_lot::Mutex<Vec<u32>>>]>,
     /// Per node: pages isolated from its lists by reclaimers now (Linux's
     /// `NR_ISOLATED_ANON`), for `too_many_isolated`.
     isolated: Box<[CachePadded<AtomicU64>]>,
-    /// Per node: (active, inactive) lengths as of the last unlock, so that
-    /// reclaim's sizing decisions never take the lock (Linux's lruvec sizes).
+    /// Per shard: (active, inactive) lengths as of the last unlock, so that
+    /// reclaim's sizing decisions never take a lock (Linux's lruvec sizes).
     lens: Box<[CachePadded<[AtomicU64; 2]>]>,
 }
 
@@ -89,36 +107,58 @@ fn linkable(mm: &Mm, pfn: u32) -> bool {
 }
 
 impl Lru {
-    pub(crate) fn new(nr_pages: u64, nr_nodes: usize, nr_cpus: usize) -> Lru {
+    /// The lists of `nr_pages` frames on `nr_nodes` nodes; `sharded`: a
+    /// shard per CPU (mmkit), else one pair of lists per node (Linux).
+    pub(crate) fn new(nr_pages: u64, nr_nodes: usize, nr_cpus: usize, sharded: bool) -> Lru {
+        let nr_nodes = nr_nodes.max(1);
+        let shards = if sharded {
+            nr_cpus.clamp(1, MAX_LRU_SHARDS).next_power_of_two()
+        } else {
+            1
+        };
         Lru {
             links: LruLinks::new(nr_pages as usize),
-            nodes: (0..nr_nodes.max(1))
+            nodes: (0..nr_nodes * shards)
                 .map(|_| CachePadded::new(StatLock::new(LruLists::default())))
+                .collect(),
+            shards,
+            cursor: (0..nr_nodes)
+                .map(|_| CachePadded::new(std::sync::atomic::AtomicUsize::new(0)))
                 .collect(),
             lock_stats: LockClassStats::new(),
             batches: (0..nr_cpus.max(1))
                 .map(|_| CachePadded::new(parking_lot::Mutex::new(Vec::new())))
                 .collect(),
-            isolated: (0..nr_nodes.max(1))
+            isolated: (0..nr_nodes)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
-            lens: (0..nr_nodes.max(1))
+            lens: (0..nr_nodes * shards)
                 .map(|_| CachePadded::new([AtomicU64::new(0), AtomicU64::new(0)]))
                 .collect(),
         }
     }
 
-    fn lock(&self, nid: usize) -> Locked<'_> {
-        let nid = self.node(nid);
+    /// Locks list set `i` (`nid * shards + shard`).
+    fn lock(&self, i: usize) -> Locked<'_> {
         Locked {
             links: &self.links,
-            g: self.nodes[nid].lock(&self.lock_stats),
-            lens: &self.lens[nid],
+            g: self.nodes[i].lock(&self.lock_stats),
+            lens: &self.lens[i],
         }
     }
 
+    fn nr_nodes(&self) -> usize {
+        self.nodes.len() / self.shards
+    }
+
     fn node(&self, nid: usize) -> usize {
-        nid.min(self.nodes.len() - 1)
+        nid.min(self.nr_nodes() - 1)
+    }
+
+    /// The list set of frame `pfn`: its node's, the shard of its 2 MiB block.
+    fn set_of(&self, mm: &Mm, pfn: u32) -> usize {
+        let nid = self.node(mm.node_of(Pfn::new(pfn as u64)));
+        nid * self.shards + ((pfn >> SHARD_BLOCK_ORDER) as usize & (self.shards - 1))
     }
 
     /// Linux's `too_many_isolated`: reclaimers of node `nid` hold more pages
@@ -148,8 +188,15 @@ impl Lru {
 
     /// `(active, inactive)` pages on node `nid`'s lists.
     pub(crate) fn nr_pages(&self, nid: usize) -> (u64, u64) {
-        let l = &self.lens[self.node(nid)];
-        (l[0].load(Ordering::Relaxed), l[1].load(Ordering::Relaxed))
+        let first = self.node(nid) * self.shards;
+        self.lens[first..first + self.shards]
+            .iter()
+            .fold((0, 0), |(a, i), l| {
+                (
+                    a + l[0].load(Ordering::Relaxed),
+                    i + l[1].load(Ordering::Relaxed),
+                )
+            })
     }
 
     /// Linux's `lru_add_drain`: this CPU's batch to the lists.
@@ -188,7 +235,7 @@ impl Lru {
     /// Links the pages of a batch that are still mapped and not yet on a list to
     /// the head of their node's inactive list, one lock hold per node.
     fn add_batch(&self, mm: &Mm, pfns: &[u32]) {
-        self.per_node(mm, pfns, |l, pfn| {
+        self.per_set(mm, pfns, |l, pfn| {
             if !l.on_lru(pfn) && linkable(mm, pfn) {
                 l.add(pfn, LruList::Inactive);
                 desc(mm, Pfn::new(pfn as u64)).set_flag(PG_LRU);
@@ -196,32 +243,15 @@ impl Lru {
         });
     }
 
-    /// Runs `f` on each pfn under its node's lock, taking each node's lock once
-    /// (pfns of one batch are nearly always of one node).
-    fn per_node(&self, mm: &Mm, pfns: &[u32], mut f: impl FnMut(&mut Locked<'_>, u32)) {
-        if pfns.is_empty() {
-            return;
-        }
-        let nid0 = mm.node_of(Pfn::new(pfns[0] as u64));
-        let mut others = false;
-        {
-            let mut l = self.lock(nid0);
-            for &p in pfns {
-                if mm.node_of(Pfn::new(p as u64)) == nid0 {
-                    f(&mut l, p);
-                } else {
-                    others = true;
-                }
-            }
-        }
-        if others {
-            for nid in (0..self.nodes.len()).filter(|&n| n != nid0) {
-                let mut l = self.lock(nid);
-                for &p in pfns {
-                    if mm.node_of(Pfn::new(p as u64)) == nid {
-                        f(&mut l, p);
-                    }
-                }
+    /// Runs `f` on each pfn under its list set's lock, taking each lock once
+    /// (the pfns of one batch share a few sets).
+    fn per_set(&self, mm: &Mm, pfns: &[u32], mut f: impl FnMut(&mut Locked<'_>, u32)) {
+        let mut keyed: Vec<(usize, u32)> = pfns.iter().map(|&p| (self.set_of(mm, p), p)).collect();
+        keyed.sort_unstable_by_key(|&(k, _)| k);
+        for run in keyed.chunk_by(|a, b| a.0 == b.0) {
+            let mut l = self.lock(run[0].0);
+            for &(_, p) in run {
+                f(&mut l, p);
             }
         }
     }
@@ -230,7 +260,7 @@ impl Lru {
     /// Linux's `__folio_put` -> `lruvec_del_folio`), one lock hold per node.
     /// Their reverse maps are already cleared.
     pub(crate) fn remove_batch(&self, mm: &Mm, pfns: &[u32]) {
-        self.per_node(mm, pfns, |l, pfn| {
+        self.per_set(mm, pfns, |l, pfn| {
             if l.del(pfn).is_some() {
                 desc(mm, Pfn::new(pfn as u64)).clear_flag(PG_LRU);
             }
@@ -241,11 +271,11 @@ impl Lru {
     /// `old`'s place (or goes on the inactive list when `old` was pending in a
     /// batch).
     pub(crate) fn replace(&self, mm: &Mm, old: Pfn, new: Pfn) {
-        let mut l = self.lock(mm.node_of(old));
+        let mut l = self.lock(self.set_of(mm, old.get() as u32));
         let list = l.del(old.get() as u32).unwrap_or(LruList::Inactive);
         desc(mm, old).clear_flag(PG_LRU);
         drop(l);
-        let mut l = self.lock(mm.node_of(new));
+        let mut l = self.lock(self.set_of(mm, new.get() as u32));
         if !l.on_lru(new.get() as u32) {
             l.add(new.get() as u32, list);
             desc(mm, new).set_flag(PG_LRU);
@@ -256,33 +286,51 @@ impl Lru {
     /// node `nid`, taken off the list with `PG_LRU` cleared and a reference each
     /// (dropped by the caller after `putback`, then `end_isolation`), appended
     /// to `out`.
+    /// The shards are taken in turn from the node's cursor: a call takes from
+    /// one shard, and from the next ones only while it still wants pages.
     pub(crate) fn isolate(&self, mm: &Mm, nid: usize, list: LruList, n: usize, out: &mut Vec<Pfn>) {
-        let mut l = self.lock(nid);
-        for _ in 0..n {
-            let Some(pfn) = l.g.tail(list) else {
+        let nid = self.node(nid);
+        let start = self.cursor[nid].fetch_add(1, Ordering::Relaxed);
+        let mut got = 0;
+        for k in 0..self.shards {
+            if got == n {
                 break;
-            };
-            l.del(pfn);
-            let p = Pfn::new(pfn as u64);
-            desc(mm, p).clear_flag(PG_LRU);
-            // Linked means allocated and not yet through the gather's flush,
-            // which needs this lock: the reference is safe to take.
-            mm.pin_page(p);
-            out.push(p);
-            self.isolated[self.node(nid)].fetch_add(1, Ordering::Relaxed);
+            }
+            let set = nid * self.shards + (start + k) % self.shards;
+            let len = &self.lens[set][usize::from(list == LruList::Inactive)];
+            if len.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut l = self.lock(set);
+            while got < n {
+                let Some(pfn) = l.g.tail(list) else {
+                    break;
+                };
+                l.del(pfn);
+                let p = Pfn::new(pfn as u64);
+                desc(mm, p).clear_flag(PG_LRU);
+                // Linked means allocated and not yet through the gather's
+                // flush, which needs this lock: the reference is safe to take.
+                mm.pin_page(p);
+                out.push(p);
+                got += 1;
+            }
         }
+        self.isolated[nid].fetch_add(got as u64, Ordering::Relaxed);
     }
 
     /// Linux's `move_folios_to_lru`: puts isolated pages back at the head of
     /// the list given, those still mapped; the caller then drops the isolation
     /// references.
     pub(crate) fn putback(&self, mm: &Mm, pages: &[(Pfn, LruList)]) {
-        for nid in 0..self.nodes.len() {
-            if !pages.iter().any(|(p, _)| mm.node_of(*p) == nid) {
-                continue;
-            }
-            let mut l = self.lock(nid);
-            for &(p, list) in pages.iter().filter(|(p, _)| mm.node_of(*p) == nid) {
+        let mut keyed: Vec<(usize, Pfn, LruList)> = pages
+            .iter()
+            .map(|&(p, list)| (self.set_of(mm, p.get() as u32), p, list))
+            .collect();
+        keyed.sort_by_key(|&(k, _, _)| k);
+        for run in keyed.chunk_by(|a, b| a.0 == b.0) {
+            let mut l = self.lock(run[0].0);
+            for &(_, p, list) in run {
                 let pfn = p.get() as u32;
                 if !l.on_lru(pfn) && linkable(mm, pfn) {
                     l.add(pfn, list);
@@ -295,8 +343,9 @@ impl Lru {
     /// Walks every list and checks the links, the lengths, `PG_LRU` and that
     /// every frame on a list is allocated (quiescent).
     pub(crate) fn check(&self, mm: &Mm) -> Result<(), String> {
-        for nid in 0..self.nodes.len() {
-            let l = self.lock(nid);
+        for set in 0..self.nodes.len() {
+            let nid = set / self.shards;
+            let l = self.lock(set);
             for list in [LruList::Inactive, LruList::Active] {
                 l.g.check(l.links, list, |p| {
                     let d = desc(mm, Pfn::new(p as u64));
