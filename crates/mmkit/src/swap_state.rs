@@ -260,23 +260,37 @@ pub(crate) const SWAP_RA_MAX: u64 = 8;
 /// Read-ahead pages waiting for a fault at most; the oldest go first.
 const SWAP_RA_QUEUE_MAX: usize = 4096;
 
-/// Readahead state of one Mm (Linux's `swapin_readahead_hits`, `prev_offset`,
-/// `last_readahead_pages`) and the pages read ahead, oldest first.
+/// One CPU's readahead history (Linux keeps it per VMA and globally; per
+/// CPU, a pinned task's faults see their own sequence and no fault writes a
+/// line that every CPU's faults write).
 #[derive(Default)]
-pub(crate) struct SwapRa {
-    pub(crate) policy: SwapReadahead,
+struct RaState {
     hits: AtomicU64,
     prev: AtomicU64,
     last_window: AtomicU64,
+}
+
+/// Readahead state of one Mm (Linux's `swapin_readahead_hits`, `prev_offset`,
+/// `last_readahead_pages`, per CPU) and the pages read ahead, oldest first.
+pub(crate) struct SwapRa {
+    pub(crate) policy: SwapReadahead,
+    cpus: Box<[CachePadded<RaState>]>,
     queue: parking_lot::Mutex<VecDeque<(u32, SwapEntry)>>,
 }
 
 impl SwapRa {
-    pub(crate) fn new(policy: SwapReadahead) -> SwapRa {
+    pub(crate) fn new(policy: SwapReadahead, nr_cpus: usize) -> SwapRa {
         SwapRa {
             policy,
-            ..SwapRa::default()
+            cpus: (0..nr_cpus.max(1))
+                .map(|_| CachePadded::default())
+                .collect(),
+            queue: Default::default(),
         }
+    }
+
+    fn here(&self) -> &RaState {
+        &self.cpus[StdPlatform::cpu_id() % self.cpus.len()]
     }
 
     /// Linux's `__swapin_nr_pages`: the window for a fault at `key` (a slot
@@ -286,8 +300,9 @@ impl SwapRa {
         if self.policy == SwapReadahead::Off {
             return 1;
         }
-        let hits = self.hits.swap(0, Ordering::Relaxed);
-        let prev = self.prev.swap(key, Ordering::Relaxed);
+        let st = self.here();
+        let hits = st.hits.swap(0, Ordering::Relaxed);
+        let prev = st.prev.swap(key, Ordering::Relaxed);
         let mut pages = hits + 2;
         if pages == 2 {
             if key != prev.wrapping_add(1) && key != prev.wrapping_sub(1) {
@@ -297,15 +312,15 @@ impl SwapRa {
             pages = pages.next_power_of_two();
         }
         pages = pages.min(SWAP_RA_MAX);
-        let last = self.last_window.load(Ordering::Relaxed);
+        let last = st.last_window.load(Ordering::Relaxed);
         pages = pages.max(last / 2);
-        self.last_window.store(pages, Ordering::Relaxed);
+        st.last_window.store(pages, Ordering::Relaxed);
         pages
     }
 
     /// A fault found a page read ahead.
     pub(crate) fn hit(&self) {
-        self.hits.fetch_add(1, Ordering::Relaxed);
+        self.here().hits.fetch_add(1, Ordering::Relaxed);
     }
 }
 

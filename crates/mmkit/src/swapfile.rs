@@ -313,7 +313,7 @@ impl SwapDevices {
             alloc,
             index,
             free_policy,
-            ra: SwapRa::new(ra),
+            ra: SwapRa::new(ra, nr_cpus),
             nr_cpus,
             table: ShardedLock::new(Table {
                 least_priority: -1,
