@@ -23,6 +23,9 @@ use mmkit::{
 };
 
 const MIB: usize = 1 << 20;
+mod common;
+use common::space_on_node0;
+
 const PAGE: u64 = 4096;
 
 fn params() -> ScanParams {
@@ -44,19 +47,6 @@ fn mm_with(policy: ScanPolicy, kthread: bool) -> Mm {
         .numa_scan_thread(kthread)
         .build()
         .expect("building an emulated 2-node mm")
-}
-
-/// A space of `pages` pages, each filled with its index, first touched from
-/// node 0, balancing on.
-fn space_on_node0(mm: &Mm, pages: u64) -> (Space, u64) {
-    mm.set_thread_node(0).unwrap();
-    let s = mm.new_space().unwrap();
-    let a = s.mmap((pages * PAGE) as usize, MapFlags::empty()).unwrap();
-    for i in 0..pages {
-        s.write(a + i * PAGE, &[i as u8; PAGE as usize]).unwrap();
-    }
-    s.set_numa_balancing(true);
-    (s, a)
 }
 
 /// Reads every page from a new thread on `node`; checks each page's bytes.

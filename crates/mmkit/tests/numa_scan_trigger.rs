@@ -14,7 +14,10 @@
 //! The periods are fixed (min = max) so that every policy gives the same one;
 //! nothing here depends on timing except the bounded `TaskCpu` check.
 
-use mmkit::{MapFlags, Mm, ScanParams, ScanPolicy, ScanTrigger, Space, Topology};
+use mmkit::{Mm, ScanParams, ScanPolicy, ScanTrigger, Space, Topology};
+
+mod common;
+use common::space_on_node0;
 
 const PAGE: u64 = 4096;
 const MS: u64 = 1_000_000;
@@ -42,19 +45,6 @@ fn mm_with(trigger: ScanTrigger, p: ScanParams, policy: ScanPolicy) -> Mm {
         .expect("building an emulated 2-node mm")
 }
 
-/// A space of `pages` pages written from node 0 (before balancing is on, so
-/// the layout costs no scan-clock time), then balancing on.
-fn space(mm: &Mm, pages: u64) -> (Space, u64) {
-    mm.set_thread_node(0).unwrap();
-    let s = mm.new_space().unwrap();
-    let a = s.mmap((pages * PAGE) as usize, MapFlags::empty()).unwrap();
-    for i in 0..pages {
-        s.write(a + i * PAGE, &[i as u8; PAGE as usize]).unwrap();
-    }
-    s.set_numa_balancing(true);
-    (s, a)
-}
-
 fn passes(s: &Space) -> u64 {
     s.numa_balancing_stats().scan_passes
 }
@@ -79,7 +69,7 @@ fn accesses_clock_gives_the_passes_the_period_says() {
     ] {
         for (n, p, d) in [(1000, 100, 0), (1001, 100, 0), (999, 50, 30), (20, 100, 30)] {
             let mm = mm_with(ScanTrigger::Accesses { ns: MS }, params(p, d), policy);
-            let (s, a) = space(&mm, 8);
+            let (s, a) = space_on_node0(&mm, 8);
             let buf = [3u8; PAGE as usize];
             for i in 0..n {
                 s.write(a + (i % 8) * PAGE, &buf).unwrap();
@@ -108,7 +98,7 @@ fn every_access_call_advances_the_clock_by_its_pages() {
         params(10, 0),
         ScanPolicy::Adaptive,
     );
-    let (s, a) = space(&mm, 16);
+    let (s, a) = space_on_node0(&mm, 16);
     let mut buf = vec![0u8; PAGE as usize];
     s.touch(a, true).unwrap(); // clock 1: first pass
     assert_eq!(passes(&s), 1);
@@ -142,7 +132,7 @@ fn racing_threads_scan_once_per_due_time() {
         ScanPolicy::NoFailBackoff,
     );
     let pages = 64;
-    let (s, a) = space(&mm, pages);
+    let (s, a) = space_on_node0(&mm, pages);
     std::thread::scope(|sc| {
         for t in 0..threads {
             let s = &s;
@@ -166,7 +156,7 @@ fn racing_threads_scan_once_per_due_time() {
 #[test]
 fn manual_trigger_and_balancing_off_never_scan_by_themselves() {
     let mm = mm_with(ScanTrigger::Manual, params(10, 0), ScanPolicy::Adaptive);
-    let (s, a) = space(&mm, 8);
+    let (s, a) = space_on_node0(&mm, 8);
     for i in 0..1000 {
         s.touch(a + (i % 8) * PAGE, true).unwrap();
     }
@@ -179,7 +169,7 @@ fn manual_trigger_and_balancing_off_never_scan_by_themselves() {
         params(10, 0),
         ScanPolicy::Adaptive,
     );
-    let (s, a) = space(&mm, 8);
+    let (s, a) = space_on_node0(&mm, 8);
     s.set_numa_balancing(false);
     for i in 0..1000 {
         s.touch(a + (i % 8) * PAGE, true).unwrap();
@@ -196,7 +186,7 @@ fn task_cpu_clock_scans_as_the_threads_work() {
     // A 2 ms period of the thread's CPU time: a few thousand accesses at most
     // (each is a page copy and a page-table walk), bounded so it cannot hang.
     let mm = mm_with(ScanTrigger::TaskCpu, params(2, 0), ScanPolicy::Adaptive);
-    let (s, a) = space(&mm, 32);
+    let (s, a) = space_on_node0(&mm, 32);
     let buf = [9u8; PAGE as usize];
     let mut i = 0u64;
     while passes(&s) < 3 && i < 5_000_000 {

@@ -2,7 +2,7 @@
 //! variant / merge policy, and stamping / verifying patterns in blocks.
 #![allow(dead_code)]
 
-use mmkit::{MergePolicy, Mm, Pfn, Variant};
+use mmkit::{MapFlags, MergePolicy, Mm, Pfn, Space, Variant};
 
 pub const MIB: u64 = 1 << 20;
 
@@ -146,4 +146,19 @@ pub fn pin_to_current_cpu() {
         libc::CPU_SET(cpu as usize, &mut set);
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
+}
+
+/// A space of `pages` 4 KiB pages, page `i` filled with the byte `i`, first
+/// touched from node 0 (before balancing is on, so the layout costs no scan
+/// time), then NUMA balancing on.
+pub fn space_on_node0(mm: &Mm, pages: u64) -> (Space, u64) {
+    const PAGE: u64 = 4096;
+    mm.set_thread_node(0).unwrap();
+    let s = mm.new_space().unwrap();
+    let a = s.mmap((pages * PAGE) as usize, MapFlags::empty()).unwrap();
+    for i in 0..pages {
+        s.write(a + i * PAGE, &[i as u8; PAGE as usize]).unwrap();
+    }
+    s.set_numa_balancing(true);
+    (s, a)
 }
