@@ -30,9 +30,10 @@
 //! slots into the cache, `Cluster` (the slots after the faulting one on the
 //! device, Linux's `swap_cluster_readahead`) or `Vma` (the swap entries of the
 //! following PTEs, Linux's `swap_vma_readahead`, done in `space/swap.rs`). The
-//! window adapts as Linux's `__swapin_nr_pages` does: hits since the last fault
-//! + 2, rounded up to a power of two, at most [`SWAP_RA_MAX`]; without hits only
-//! a sequential fault reads ahead, and the window shrinks by half at a time.
+//! window adapts as Linux's `__swapin_nr_pages` does: two more than the hits
+//! since the last fault, rounded up to a power of two, at most [`SWAP_RA_MAX`];
+//! without hits only a sequential fault reads ahead, and the window shrinks by
+//! half at a time.
 //! A page read ahead is in the cache, unmapped, with `PG_READAHEAD`, and owns
 //! the allocation's reference; a fault on its entry maps it (a `swap_ra_hit`,
 //! the reference becomes the mapping's). Otherwise it is dropped and freed when
