@@ -329,8 +329,11 @@ impl Mm {
 
     /// Walks every free list and descriptor and verifies the invariants. Meant
     /// for a quiescent allocator: a block being freed or moved between lists by
-    /// another thread at that moment is in neither place and is reported.
+    /// another thread at that moment is in neither place and is reported. The
+    /// Mm's own background reclaim is waited for first (a kswapd batch still
+    /// freeing the pages of a space just dropped is such a block).
     pub fn check(&self) -> Result<(), Error> {
+        self.wait_reclaim_idle();
         self.inner.alloc.check().map_err(Error::Corrupt)?;
         self.inner.lru.check(self).map_err(Error::Corrupt)?;
         self.inner.swap.check().map_err(Error::Corrupt)

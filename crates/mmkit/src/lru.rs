@@ -68,6 +68,9 @@ pub(crate) struct Lru {
     /// Per node: pages isolated from its lists by reclaimers now (Linux's
     /// `NR_ISOLATED_ANON`), for `too_many_isolated`.
     isolated: Box<[CachePadded<AtomicU64>]>,
+    /// Reclaimers inside `shrink_node` now (kswapd and direct), for
+    /// `Mm::wait_reclaim_idle`.
+    pub(crate) active_reclaimers: AtomicU64,
     /// Per shard: (active, inactive) lengths as of the last unlock, so that
     /// reclaim's sizing decisions never take a lock (Linux's lruvec sizes).
     lens: Box<[CachePadded<[AtomicU64; 2]>]>,
@@ -122,6 +125,7 @@ impl Lru {
                 .map(|_| CachePadded::new(StatLock::new(LruLists::default())))
                 .collect(),
             shards,
+            active_reclaimers: AtomicU64::new(0),
             cursor: (0..nr_nodes)
                 .map(|_| CachePadded::new(std::sync::atomic::AtomicUsize::new(0)))
                 .collect(),

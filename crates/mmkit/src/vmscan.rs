@@ -78,7 +78,9 @@ impl Mm {
     /// `check()`, after dropping its spaces calls this first (bounded: 10 s).
     pub fn wait_reclaim_idle(&self) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while (0..self.nr_nodes()).any(|nid| self.lru().nr_isolated(nid) > 0)
+        let lru = self.lru();
+        while (lru.active_reclaimers.load(Ordering::Acquire) > 0
+            || (0..self.nr_nodes()).any(|nid| lru.nr_isolated(nid) > 0))
             && std::time::Instant::now() < deadline
         {
             std::thread::sleep(std::time::Duration::from_millis(1));
@@ -163,6 +165,15 @@ pub(crate) fn shrink_node(mm: &Mm, nid: usize, nr: usize, who: Reclaimer) -> u64
         return 0;
     }
     let lru = mm.lru();
+    /// Counts this reclaimer in `active_reclaimers` until it returns.
+    struct Active<'a>(&'a std::sync::atomic::AtomicU64);
+    impl Drop for Active<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::Release);
+        }
+    }
+    lru.active_reclaimers.fetch_add(1, Ordering::Acquire);
+    let _active = Active(&lru.active_reclaimers);
     if who == Reclaimer::Direct {
         // Linux's `reclaim_throttle(VMSCAN_THROTTLE_ISOLATED)`: the batches in
         // flight end within microseconds; wait for them (bounded), then go on.

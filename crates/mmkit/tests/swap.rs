@@ -529,9 +529,12 @@ fn read_faults_keep_their_slot_while_there_is_room() {
         mmkit::SwapFreePolicy::HalfFull,
         mmkit::SwapFreePolicy::KeepWhileRoom,
     ] {
+        // Readahead off: its reads and unused pages would blur the count of
+        // writes per swap-in that this test compares.
         let mm = Mm::builder()
             .memory(16 * MIB)
             .swap_free(policy)
+            .swap_readahead(mmkit::SwapReadahead::Off)
             .build()
             .unwrap();
         mm.swapon(SwapDevice::ram(80 << 20)).unwrap();
