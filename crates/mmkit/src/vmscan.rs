@@ -72,10 +72,12 @@ struct Victim<'a> {
 }
 
 impl Mm {
-    /// Waits until no reclaimer (kswapd, a direct reclaimer) holds pages
-    /// isolated: the pages of a batch in flight are not free, nor on a list,
-    /// until it ends. A caller that wants `nr_free_pages()` exact, or runs
-    /// `check()`, after dropping its spaces calls this first (bounded: 10 s).
+    /// Waits until no reclaimer (kswapd, a direct reclaimer) is inside
+    /// `shrink_node` or holds pages isolated: the pages of a batch in flight,
+    /// or a read-ahead page being dropped, are neither free nor on a list
+    /// until it ends. `check()` calls it; a caller that wants
+    /// `nr_free_pages()` exact after dropping its spaces calls it first
+    /// (bounded: 10 s).
     pub fn wait_reclaim_idle(&self) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let lru = self.lru();
