@@ -7,7 +7,8 @@
 //! row; `mmlab list` and the error messages are made from the table.
 
 use mmkit::{
-    ClearStrategy, MergePolicy, MmBuilder, PcpHighPolicy, PcpPolicy, RefillPolicy, Variant,
+    ClearStrategy, MergePolicy, MmBuilder, PcpHighPolicy, PcpPolicy, RefillPolicy, SwapAllocPolicy,
+    SwapCacheIndex, SwapFreePolicy, SwapReadahead, Variant,
 };
 use serde_json::{Map, Value as Json};
 
@@ -42,8 +43,8 @@ impl std::fmt::Display for Value {
 /// One settable key.
 pub struct Key {
     pub name: &'static str,
-    /// What it belongs to: `pcp`, `buddy`, `fault`, `compaction`, `arena`, (later
-    /// `swap`, `numa`).
+    /// What it belongs to: `pcp`, `buddy`, `fault`, `compaction`, `arena`,
+    /// `swap` (later `numa`).
     pub group: &'static str,
     pub values: Values,
     /// The value of the `mmkit` variant (what an unset key is).
@@ -76,7 +77,15 @@ fn num(v: Value) -> u64 {
 }
 
 /// The named presets `base=` starts from.
-const BASES: &[&str] = &["mmkit", "mmkit-eager", "mmkit-nopcp", "mmkit-nomerge"];
+const BASES: &[&str] = &[
+    "mmkit",
+    "mmkit-eager",
+    "mmkit-nopcp",
+    "mmkit-nomerge",
+    "mmkit-swap-2019",
+    "mmkit-swap-2020",
+    "mmkit-swap-6.18",
+];
 
 /// Every settable key, in `mmlab list` order.
 pub const KEYS: &[Key] = &[
@@ -207,6 +216,77 @@ pub const KEYS: &[Key] = &[
         default: "off",
         description: "back the arena with hugetlb pages (falls back to THP when refused)",
         apply: |b, v| b.hugetlb(on(v)),
+    },
+    Key {
+        name: "swap_alloc",
+        group: "swap",
+        values: Values::Names(&["shared-cursor", "percpu-cursor", "percpu-cluster"]),
+        default: "percpu-cluster",
+        description: "swap-slot allocation: one shared scan cursor (Linux before seed 002), \
+                      per-CPU cursors jumping to random trunks (the seed), per-CPU clusters (6.15)",
+        apply: |b, v| {
+            b.swap_alloc(match v {
+                Value::Name("shared-cursor") => SwapAllocPolicy::SharedCursor,
+                Value::Name("percpu-cursor") => SwapAllocPolicy::PerCpuCursor,
+                _ => SwapAllocPolicy::PerCpuCluster,
+            })
+        },
+    },
+    Key {
+        name: "swap_cache",
+        group: "swap",
+        values: Values::Names(&["trunks", "table"]),
+        default: "table",
+        description: "swap-cache index: a locked index per 64 MiB (Linux until 6.17) or the \
+                      per-cluster table of atomic entries (6.18)",
+        apply: |b, v| {
+            b.swap_cache(pick(
+                v,
+                "trunks",
+                SwapCacheIndex::Trunks,
+                SwapCacheIndex::Table,
+            ))
+        },
+    },
+    Key {
+        name: "swap_free",
+        group: "swap",
+        values: Values::Names(&["half-full", "keep-while-room"]),
+        default: "keep-while-room",
+        description: "when a page read back from swap frees its slot: once swap is half full \
+                      (Linux) or only when the free slots no longer cover the resident pages",
+        apply: |b, v| {
+            b.swap_free(pick(
+                v,
+                "half-full",
+                SwapFreePolicy::HalfFull,
+                SwapFreePolicy::KeepWhileRoom,
+            ))
+        },
+    },
+    Key {
+        name: "swap_ra",
+        group: "swap",
+        values: Values::Names(&["off", "cluster", "vma"]),
+        default: "vma",
+        description: "swap readahead: none, the next slots of the cluster, or the next PTEs' \
+                      entries (Linux's default), with Linux's adaptive window",
+        apply: |b, v| {
+            b.swap_readahead(match v {
+                Value::Name("off") => SwapReadahead::Off,
+                Value::Name("cluster") => SwapReadahead::Cluster,
+                _ => SwapReadahead::Vma,
+            })
+        },
+    },
+    Key {
+        name: "lru",
+        group: "swap",
+        values: Values::Names(&["single", "sharded"]),
+        default: "sharded",
+        description: "anonymous LRU lists: one pair per node under one lock (Linux) or sharded \
+                      per CPU",
+        apply: |b, v| b.lru_sharded(!matches!(v, Value::Name("single"))),
     },
 ];
 

@@ -632,6 +632,16 @@ fn build_mmkit(name: &str, v: Variant, config: &Config) -> anyhow::Result<Peer> 
     Ok(peer)
 }
 
+/// A custom variant (`--set`) is built without a swap device: it gets a RAM
+/// one, sized as the named variants' (once, at its first point).
+fn swap_on_if_none(mm: &Mm, arena: usize) -> Result<(), String> {
+    if mm.swap_info().is_empty() {
+        mm.swapon(SwapDevice::ram(swap_bytes(arena) as u64))
+            .map_err(|e| format!("swapon: {e}"))?;
+    }
+    Ok(())
+}
+
 pub struct Pmbench;
 
 impl Workload for Pmbench {
@@ -695,14 +705,16 @@ impl Workload for Pmbench {
         let plan = Plan::of(timing);
         let a = arena(timing.quick);
         let r = match (peer.mm(), name) {
-            (Some(mm), _) => run_mmkit(
-                mm,
-                threads,
-                wss_per_thread(a, threads),
-                &plan,
-                || mm_swap_counters(mm),
-                || Some(SwapLocks::of(mm)),
-            ),
+            (Some(mm), _) => swap_on_if_none(mm, a).and_then(|()| {
+                run_mmkit(
+                    mm,
+                    threads,
+                    wss_per_thread(a, threads),
+                    &plan,
+                    || mm_swap_counters(mm),
+                    || Some(SwapLocks::of(mm)),
+                )
+            }),
             (None, "kernel") if timing.quick && !super::swap_host::host_swap_opted_in() => Err(
                 "not under --quick: it turns swap on for the whole host (set MMLAB_HOST_SWAP=1 to run it)"
                     .to_string(),
