@@ -514,31 +514,28 @@ impl SwapDevices {
         t.avail.iter().any(|d| d.id.ty == ty)
     }
 
-    /// Linux's `vm_swap_full`: more than half of all swap in use.
-    pub(crate) fn vm_swap_full(&self) -> bool {
-        let (total, free) = self.nr_swap_pages();
-        free * 2 < total
-    }
-
-    /// Should a page just read back from swap free its slot (a read fault;
-    /// `resident` is the arena's pages in use)? See [`SwapFreePolicy`].
-    pub(crate) fn should_free_swap(&self, resident: u64) -> bool {
+    /// Should a page just read back from `entry`'s slot free it (a read
+    /// fault; `resident` is the arena's pages in use)? Always when its device
+    /// is being swapped off; otherwise as [`SwapFreePolicy`] says. One read of
+    /// the device table per swap-in.
+    pub(crate) fn should_free_swap(&self, entry: SwapEntry, resident: u64) -> bool {
+        let t = self.table.read().unwrap();
+        if !t.avail.iter().any(|d| d.id.ty == entry.ty()) {
+            return true;
+        }
+        let (mut total, mut free, mut cached) = (0, 0, 0);
+        for si in t.by_type.iter().flatten() {
+            let n = si.map.nr_slots() as u64;
+            total += n;
+            free += n - si.map.inuse().min(n);
+            cached += si.cache.nr_cached();
+        }
         match self.free_policy {
-            SwapFreePolicy::HalfFull => self.vm_swap_full(),
-            SwapFreePolicy::KeepWhileRoom => {
-                let t = self.table.read().unwrap();
-                let (mut total, mut free, mut cached) = (0, 0, 0);
-                for si in t.by_type.iter().flatten() {
-                    let n = si.map.nr_slots() as u64;
-                    total += n;
-                    free += n - si.map.inuse().min(n);
-                    cached += si.cache.nr_cached();
-                }
-                // Resident pages that have no slot: all in use but those in the
-                // swap cache (page tables count too: an overestimate, safe).
-                let need = resident.saturating_sub(cached) + total / 32;
-                free < need
-            }
+            // Linux's `vm_swap_full`: more than half of all swap in use.
+            SwapFreePolicy::HalfFull => free * 2 < total,
+            // Resident pages that have no slot: all in use but those in the
+            // swap cache (page tables count too: an overestimate, safe).
+            SwapFreePolicy::KeepWhileRoom => free < resident.saturating_sub(cached) + total / 32,
         }
     }
 

@@ -181,7 +181,7 @@ impl SpaceInner {
         let page = lock.pfn();
         let _ = swap.swap_free(entry);
         let resident = mm.nr_managed_pages().saturating_sub(mm.nr_free_pages());
-        if vmf.write || !swap.allocatable(entry.ty()) || swap.should_free_swap(resident) {
+        if vmf.write || swap.should_free_swap(entry, resident) {
             mm.swapcache_drop(&lock);
         }
         drop(lock);
