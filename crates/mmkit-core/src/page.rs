@@ -88,6 +88,11 @@ pub const PG_DIRTY: u32 = 1 << 18;
 /// A page read ahead into the swap cache and not yet mapped by a fault
 /// (Linux's `PG_readahead` as swap uses it: its first fault is a `swap_ra_hit`).
 pub const PG_READAHEAD: u32 = 1 << 19;
+/// The page is queued on a per-CPU `lru_add` batch (set when queued, cleared
+/// when the batch drains). A free clears it with every flag, so an entry left
+/// in a batch after its page was freed (migrated, unmapped) never links the
+/// page's next incarnation (Linux's batches hold a reference instead).
+pub const PG_LRU_ADD: u32 = 1 << 20;
 /// Bits 22..32 of `flags` of a mapped data page (the head of a huge one): its
 /// last accessor for NUMA balancing (Linux's `last_cpupid` in the page flags),
 /// packed by mmkit's `numa_balancing::Cpupid::to_page_bits` (valid, node mod 8,
@@ -226,8 +231,8 @@ impl Page {
         &self.private
     }
     /// `private` of the second tail page (head + 2) of an order-9 page mapped
-    /// by one PMD: the pfn of the PTE table deposited for its split (Linux's
-    /// `pgtable_trans_huge_deposit`), 0 when none. (O): set by the huge fault
+    /// by one PMD: the pfn of the PTE table deposited for its split plus one
+    /// (Linux's `pgtable_trans_huge_deposit`), 0 when none. (O): set by the huge fault
     /// before the PMD is published, taken back by the split or the zap of that
     /// PMD (exclusive VMA lock).
     #[inline]

@@ -133,6 +133,10 @@ vm_events! {
     SwapChecksumFail = "swap_checksum_fail",
     /// Swap reads and writes the device refused (mmkit's own).
     SwapIoError = "swap_io_error",
+    /// Huge PMDs replaced by a table of 512 PTEs (munmap, mprotect, reclaim).
+    ThpSplitPmd = "thp_split_pmd",
+    /// Huge pages split into 512 order-0 pages (reclaim, to swap them out).
+    ThpSplitPage = "thp_split_page",
 }
 
 /// Number of vmstat events.

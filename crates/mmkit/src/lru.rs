@@ -20,15 +20,24 @@
 //!
 //! Invariants (all under the LRU lock of the frame's shard):
 //! - a frame is on a list only if it is an allocated order-0 page mapped by some
-//!   space (`mapping != 0`) at the moment it is linked; whoever clears `mapping`
-//!   (unmap through the mmu_gather, migration) takes it off with that same lock
-//!   (`remove_batch`, `replace`) before the page is freed;
+//!   space (`mapping != 0`), or the head of a mapped huge page (Linux's large
+//!   folio: one entry for 512 pages, split by reclaim), at the moment it is
+//!   linked; whoever unmaps it for good (unmap through the mmu_gather,
+//!   migration) takes it off with that same lock (`remove_batch`, `replace`)
+//!   before the page is freed;
 //! - an isolated page (`isolate`) is off the lists with `PG_LRU` clear and holds
 //!   an extra reference taken under the lock, so it cannot be freed until its
 //!   isolator drops that reference after `putback`;
-//! - a frame pending in a per-CPU batch holds nothing: the batch re-checks it
-//!   under the lock when it drains (a page unmapped meanwhile is skipped, one
-//!   reallocated and mapped again is linked once, `PG_LRU` stops a second link).
+//! - a frame pending in a per-CPU batch holds nothing but `PG_LRU_ADD`, which
+//!   every free clears: the batch re-checks both under the lock when it
+//!   drains (a page unmapped meanwhile is skipped; one freed since, perhaps
+//!   reallocated and not yet mapped by its new owner, has lost the flag and is
+//!   skipped; `PG_LRU` stops a second link).
+//!   A stale entry (its page migrated or freed before the drain) may link a
+//!   reallocated page whose reverse map a fault has set but whose entry it has
+//!   not installed yet; a fault that then loses its race unlinks the page and
+//!   drops it by reference (`drop_unpublished` in `space/memory.rs`), so a
+//!   reclaimer that isolated it meanwhile frees it.
 //!
 //! Locking: per-CPU batch mutex (uncontended but for remote drains) -> one
 //! shard's LRU lock at a time ([`StatLock`], acquisitions and waits of all
@@ -39,12 +48,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 use mmkit_core::lru::{LruLinks, LruLists};
-use mmkit_core::page::PG_LRU;
+use mmkit_core::page::{PG_LRU, PG_LRU_ADD};
 use mmkit_core::{LockStats, PageState, Platform};
 
 pub(crate) use mmkit_core::lru::LruList;
 
-use crate::pgtable::desc;
+use crate::pgtable::{desc, HPAGE_PMD_ORDER};
 use crate::swap_lock::{Guard, LockClassStats, StatLock};
 use crate::{Mm, Pfn, StdPlatform};
 
@@ -59,7 +68,7 @@ const SHARD_BLOCK_ORDER: u32 = 9;
 pub(crate) struct Lru {
     links: LruLinks,
     /// Per node, `shards` shards: index `nid * shards + shard`.
-    nodes: Box<[CachePadded<StatLock<LruLists>>]>,
+    nodes: Box<[CachePadded<StatLock<SetLists>>]>,
     shards: usize,
     /// Per node: the shard the next isolation starts from.
     cursor: Box<[CachePadded<std::sync::atomic::AtomicUsize>]>,
@@ -76,18 +85,34 @@ pub(crate) struct Lru {
     lens: Box<[CachePadded<[AtomicU64; 2]>]>,
 }
 
+/// One list set: the lists, and the pages their huge entries stand for
+/// beyond one each (Linux counts an LRU in pages, `folio_nr_pages`).
+#[derive(Default)]
+struct SetLists {
+    lists: LruLists,
+    /// Per list (inactive, active): 511 per huge head linked.
+    huge_extra: [u64; 2],
+}
+
+/// Pages an entry for `pfn` stands for beyond one: 511 for a huge head. Its
+/// order does not change while it is linked (only its isolator splits it).
+fn extra_pages(mm: &Mm, pfn: u32) -> u64 {
+    (1u64 << desc(mm, Pfn::new(pfn as u64)).order()) - 1
+}
+
 /// A held node LRU lock and the links it guards.
 struct Locked<'a> {
     links: &'a LruLinks,
-    g: Guard<'a, LruLists>,
+    mm: &'a Mm,
+    g: Guard<'a, SetLists>,
     /// The node's list lengths for lock-free readers, published on unlock.
     lens: &'a [AtomicU64; 2],
 }
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
-        self.lens[0].store(self.g.len(LruList::Active), Ordering::Relaxed);
-        self.lens[1].store(self.g.len(LruList::Inactive), Ordering::Relaxed);
+        self.lens[0].store(self.nr_pages(LruList::Active), Ordering::Relaxed);
+        self.lens[1].store(self.nr_pages(LruList::Inactive), Ordering::Relaxed);
     }
 }
 
@@ -95,18 +120,39 @@ impl Locked<'_> {
     fn on_lru(&self, pfn: u32) -> bool {
         self.links.which(pfn).is_some()
     }
+    fn nr_pages(&self, list: LruList) -> u64 {
+        self.g.lists.len(list) + self.g.huge_extra[list as usize]
+    }
     fn add(&mut self, pfn: u32, list: LruList) {
-        self.g.add_head(self.links, pfn, list);
+        self.g.lists.add_head(self.links, pfn, list);
+        self.g.huge_extra[list as usize] += extra_pages(self.mm, pfn);
     }
     fn del(&mut self, pfn: u32) -> Option<LruList> {
-        self.g.del(self.links, pfn)
+        let list = self.g.lists.del(self.links, pfn)?;
+        self.g.huge_extra[list as usize] -= extra_pages(self.mm, pfn);
+        Some(list)
     }
 }
 
-/// May `pfn` go on a list: an allocated order-0 page some space maps?
+/// May `pfn` go on a list: an allocated order-0 page some space maps, or the
+/// head of a huge page mapped by its PMD or (split PMD) by some of its PTEs?
 fn linkable(mm: &Mm, pfn: u32) -> bool {
-    let d = desc(mm, Pfn::new(pfn as u64));
-    d.mapping.load(Ordering::Acquire) != 0 && d.state() == PageState::Alloc && d.order() == 0
+    let p = Pfn::new(pfn as u64);
+    let d = desc(mm, p);
+    if d.state() != PageState::Alloc {
+        return false;
+    }
+    match d.order() {
+        0 => d.mapping.load(Ordering::Acquire) != 0,
+        HPAGE_PMD_ORDER => {
+            d.mapping.load(Ordering::Acquire) != 0
+                || desc(mm, Pfn::new(p.get() + 1))
+                    .nr_pages_mapped()
+                    .load(Ordering::Acquire)
+                    != 0
+        }
+        _ => false,
+    }
 }
 
 impl Lru {
@@ -122,7 +168,7 @@ impl Lru {
         Lru {
             links: LruLinks::new(nr_pages as usize),
             nodes: (0..nr_nodes * shards)
-                .map(|_| CachePadded::new(StatLock::new(LruLists::default())))
+                .map(|_| CachePadded::new(StatLock::new(SetLists::default())))
                 .collect(),
             shards,
             active_reclaimers: AtomicU64::new(0),
@@ -143,9 +189,10 @@ impl Lru {
     }
 
     /// Locks list set `i` (`nid * shards + shard`).
-    fn lock(&self, i: usize) -> Locked<'_> {
+    fn lock<'a>(&'a self, mm: &'a Mm, i: usize) -> Locked<'a> {
         Locked {
             links: &self.links,
+            mm,
             g: self.nodes[i].lock(&self.lock_stats),
             lens: &self.lens[i],
         }
@@ -177,6 +224,12 @@ impl Lru {
     /// Pages of node `nid` isolated by reclaimers now.
     pub(crate) fn nr_isolated(&self, nid: usize) -> u64 {
         self.isolated[self.node(nid)].load(Ordering::Relaxed)
+    }
+
+    /// `n` more pages of node `nid` are isolated: the sub-pages of a huge page
+    /// its isolator split (they count as isolated until `end_isolation`).
+    pub(crate) fn add_isolated(&self, nid: usize, n: usize) {
+        self.isolated[self.node(nid)].fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// The isolation of `n` pages of node `nid` has ended (the caller put them
@@ -216,6 +269,9 @@ impl Lru {
     /// Linux's `folio_add_lru`: queues newly mapped pages on this CPU's batch,
     /// draining it to the lists (one LRU lock hold) when it is full.
     pub(crate) fn lru_cache_add(&self, mm: &Mm, pfns: &[Pfn]) {
+        for &p in pfns {
+            desc(mm, p).set_flag(PG_LRU_ADD);
+        }
         let cpu = StdPlatform::cpu_id() % self.batches.len();
         let mut b = self.batches[cpu].lock();
         b.extend(pfns.iter().map(|p| p.get() as u32));
@@ -240,9 +296,15 @@ impl Lru {
     /// the head of their node's inactive list, one lock hold per node.
     fn add_batch(&self, mm: &Mm, pfns: &[u32]) {
         self.per_set(mm, pfns, |l, pfn| {
+            let d = desc(mm, Pfn::new(pfn as u64));
+            // Still queued: not freed (and perhaps reallocated) since.
+            if !d.test_flag(PG_LRU_ADD) {
+                return;
+            }
+            d.clear_flag(PG_LRU_ADD);
             if !l.on_lru(pfn) && linkable(mm, pfn) {
                 l.add(pfn, LruList::Inactive);
-                desc(mm, Pfn::new(pfn as u64)).set_flag(PG_LRU);
+                d.set_flag(PG_LRU);
             }
         });
     }
@@ -253,7 +315,7 @@ impl Lru {
         let mut keyed: Vec<(usize, u32)> = pfns.iter().map(|&p| (self.set_of(mm, p), p)).collect();
         keyed.sort_unstable_by_key(|&(k, _)| k);
         for run in keyed.chunk_by(|a, b| a.0 == b.0) {
-            let mut l = self.lock(run[0].0);
+            let mut l = self.lock(mm, run[0].0);
             for &(_, p) in run {
                 f(&mut l, p);
             }
@@ -275,18 +337,19 @@ impl Lru {
     /// `old`'s place (or goes on the inactive list when `old` was pending in a
     /// batch).
     pub(crate) fn replace(&self, mm: &Mm, old: Pfn, new: Pfn) {
-        let mut l = self.lock(self.set_of(mm, old.get() as u32));
+        let mut l = self.lock(mm, self.set_of(mm, old.get() as u32));
         let list = l.del(old.get() as u32).unwrap_or(LruList::Inactive);
         desc(mm, old).clear_flag(PG_LRU);
         drop(l);
-        let mut l = self.lock(self.set_of(mm, new.get() as u32));
+        let mut l = self.lock(mm, self.set_of(mm, new.get() as u32));
         if !l.on_lru(new.get() as u32) {
             l.add(new.get() as u32, list);
             desc(mm, new).set_flag(PG_LRU);
         }
     }
 
-    /// Linux's `isolate_lru_folios`: up to `n` pages from the tail of `list` on
+    /// Linux's `isolate_lru_folios`: up to `n` pages (at least one entry; a
+    /// huge entry counts its 512) from the tail of `list` on
     /// node `nid`, taken off the list with `PG_LRU` cleared and a reference each
     /// (dropped by the caller after `putback`, then `end_isolation`), appended
     /// to `out`.
@@ -295,7 +358,9 @@ impl Lru {
     pub(crate) fn isolate(&self, mm: &Mm, nid: usize, list: LruList, n: usize, out: &mut Vec<Pfn>) {
         let nid = self.node(nid);
         let start = self.cursor[nid].fetch_add(1, Ordering::Relaxed);
-        let mut got = 0;
+        // Pages taken (a huge entry counts 512, as Linux's `nr_taken`), and
+        // entries (what `end_isolation` will count).
+        let (mut got, mut entries) = (0, 0);
         for k in 0..self.shards {
             if got == n {
                 break;
@@ -305,11 +370,12 @@ impl Lru {
             if len.load(Ordering::Relaxed) == 0 {
                 continue;
             }
-            let mut l = self.lock(set);
+            let mut l = self.lock(mm, set);
             while got < n {
-                let Some(pfn) = l.g.tail(list) else {
+                let Some(pfn) = l.g.lists.tail(list) else {
                     break;
                 };
+                got += 1 + extra_pages(mm, pfn) as usize;
                 l.del(pfn);
                 let p = Pfn::new(pfn as u64);
                 desc(mm, p).clear_flag(PG_LRU);
@@ -317,10 +383,10 @@ impl Lru {
                 // flush, which needs this lock: the reference is safe to take.
                 mm.pin_page(p);
                 out.push(p);
-                got += 1;
+                entries += 1;
             }
         }
-        self.isolated[nid].fetch_add(got as u64, Ordering::Relaxed);
+        self.isolated[nid].fetch_add(entries, Ordering::Relaxed);
     }
 
     /// Linux's `move_folios_to_lru`: puts isolated pages back at the head of
@@ -333,7 +399,7 @@ impl Lru {
             .collect();
         keyed.sort_by_key(|&(k, _, _)| k);
         for run in keyed.chunk_by(|a, b| a.0 == b.0) {
-            let mut l = self.lock(run[0].0);
+            let mut l = self.lock(mm, run[0].0);
             for &(_, p, list) in run {
                 let pfn = p.get() as u32;
                 if !l.on_lru(pfn) && linkable(mm, pfn) {
@@ -344,24 +410,38 @@ impl Lru {
         }
     }
 
-    /// Walks every list and checks the links, the lengths, `PG_LRU` and that
-    /// every frame on a list is allocated (quiescent).
+    /// Walks every list and checks the links, the lengths, `PG_LRU`, that every
+    /// frame on a list is allocated (order 0 or a huge head), and the pages the
+    /// huge entries stand for (quiescent).
     pub(crate) fn check(&self, mm: &Mm) -> Result<(), String> {
         for set in 0..self.nodes.len() {
             let nid = set / self.shards;
-            let l = self.lock(set);
+            let l = self.lock(mm, set);
             for list in [LruList::Inactive, LruList::Active] {
-                l.g.check(l.links, list, |p| {
-                    let d = desc(mm, Pfn::new(p as u64));
-                    if !d.test_flag(PG_LRU) {
-                        return Err("on a list without PG_LRU");
-                    }
-                    if d.state() != PageState::Alloc {
-                        return Err("on a list but not allocated");
-                    }
-                    Ok(())
-                })
-                .map_err(|(p, e)| format!("LRU of node {nid}, {list:?} list: pfn {p}: {e}"))?;
+                let mut extra = 0;
+                l.g.lists
+                    .check(l.links, list, |p| {
+                        let d = desc(mm, Pfn::new(p as u64));
+                        if !d.test_flag(PG_LRU) {
+                            return Err("on a list without PG_LRU");
+                        }
+                        if d.state() != PageState::Alloc {
+                            return Err("on a list but not allocated");
+                        }
+                        if !matches!(d.order(), 0 | HPAGE_PMD_ORDER) {
+                            return Err("on a list but neither order 0 nor a huge head");
+                        }
+                        extra += extra_pages(mm, p);
+                        Ok(())
+                    })
+                    .map_err(|(p, e)| format!("LRU of node {nid}, {list:?} list: pfn {p}: {e}"))?;
+                if extra != l.g.huge_extra[list as usize] {
+                    return Err(format!(
+                        "LRU of node {nid}, {list:?} list: huge entries stand for {extra} \
+                         extra pages, counted {}",
+                        l.g.huge_extra[list as usize]
+                    ));
+                }
             }
         }
         Ok(())

@@ -46,9 +46,11 @@
 //!   2. the page lock of one frame  blocking; at most one held at a time
 //!   3. allocator locks             per-CPU list / zone lock, inside mmkit-core only
 //!
-//! page side (from a pfn: migration, later reclaim and NUMA migration)
-//!   1. the page lock               try_lock (compaction), or blocking while
-//!                                  holding nothing else
+//! page side (from a pfn: migration, reclaim and NUMA migration)
+//!   1. the page lock               try_lock (compaction, reclaim: a batch of
+//!                                  pages, or the 512 of a huge page it
+//!                                  splits), or blocking while holding
+//!                                  nothing else
 //!   2. the Mm's registry mutex     leaf: held only to resolve an id
 //!   3. the space's VMA lock        shared, and only with try_read
 //!   4. the PTE                     compare-and-swap, no lock
@@ -286,6 +288,30 @@ pub(crate) fn rmap_walk<R>(
         held: &held,
         vaddr,
     }))
+}
+
+/// `rmap_walk` for a huge page (reclaim splitting it): calls `f` under the
+/// shared VMA lock (taken without waiting) of the space that maps the locked
+/// head `page`, found through the head's reverse map or, its PMD split and its
+/// first sub-page unmapped, the first mapped sub-page's. `None` when no
+/// sub-page is mapped, the space is gone, or its VMA lock is held exclusively.
+pub(crate) fn rmap_walk_huge<R>(
+    mm: &Mm,
+    page: &PageGuard<'_>,
+    rwc: &mut RmapWalkControl,
+    f: impl FnOnce(&SpaceInner, &VmaTree) -> R,
+) -> Option<R> {
+    let head = page.pfn();
+    let (id, _) = (0..HPAGE_PMD_NR).find_map(|i| {
+        decode(
+            desc(mm, Pfn::new(head.get() + i))
+                .mapping
+                .load(Ordering::Acquire),
+        )
+    })?;
+    let space = rwc.space(mm, id)?.inner();
+    let held = space.try_read_lock()?;
+    Some(f(space, &held))
 }
 
 /// Does `e` map `page` as a present order-0 leaf (not huge, not a sub-page of a

@@ -23,9 +23,12 @@
 //! Linux unmaps before writing; here the order is reversed because the page lock
 //! already keeps the bytes stable, and it makes a write error trivially safe.
 //!
+//! A huge page is on the lists as one entry, its head (Linux's large folio);
+//! a cold one is split into 512 order-0 pages that join the batch
+//! (`split_huge_isolated`), as Linux splits a large folio it cannot swap whole.
+//!
 //! Invariants: a page is freed only after its PTE holds a swap entry whose slot
-//! holds a verified copy (written with its checksum). Huge pages never reach the
-//! lists (they stay in memory; `space/huge_memory.rs`).
+//! holds a verified copy (written with its checksum).
 //!
 //! Concurrency: any number of reclaimers per node (kswapd and every direct
 //! reclaimer, as in Linux: this is where the swap locks of seed 002 contend),
@@ -45,11 +48,12 @@ use mmkit_core::page::PG_DIRTY;
 use mmkit_core::{Platform, VmEvent};
 
 use crate::lru::LruList;
-use crate::pgtable::{desc, Pte, SwapEntry};
+use crate::pgtable::{desc, Pte, SwapEntry, HPAGE_PMD_NR};
 use crate::rmap::{
-    self, folio_referenced, folio_referenced_one, page_vma_mapped, rmap_walk, try_to_unmap_one,
-    PageGuard, RmapWalkControl,
+    self, folio_referenced, folio_referenced_one, page_vma_mapped, rmap_walk, rmap_walk_huge,
+    try_to_unmap_one, PageGuard, RmapWalkControl,
 };
+use crate::space::HugeSplit;
 use crate::{Mm, Pfn, StdPlatform, PAGE_SIZE};
 
 /// Pages isolated per scan (Linux's `SWAP_CLUSTER_MAX`).
@@ -242,7 +246,9 @@ fn shrink_active_list(mm: &Mm, nid: usize, n: usize, force: bool) {
 /// Drops the isolation references of pages of node `nid` (the last one frees a
 /// page unmapped meanwhile) and ends their isolation.
 fn put_isolated(mm: &Mm, nid: usize, pages: &[Pfn]) {
-    let blocks: Vec<(Pfn, u32)> = pages.iter().map(|&p| (p, 0)).collect();
+    // A huge page's head is a block of order 9 unless it was split: only its
+    // isolator splits it, so the order recorded now is the block's.
+    let blocks: Vec<(Pfn, u32)> = pages.iter().map(|&p| (p, desc(mm, p).order())).collect();
     mm.put_pages_bulk(&blocks);
     mm.lru().end_isolation(nid, pages.len());
 }
@@ -260,13 +266,86 @@ fn shrink_inactive_list(mm: &Mm, nid: usize, nr: usize, who: Reclaimer, force: b
         Reclaimer::Kswapd => (VmEvent::PgScanKswapd, VmEvent::PgStealKswapd),
         Reclaimer::Direct => (VmEvent::PgScanDirect, VmEvent::PgStealDirect),
     };
-    mm.page_alloc().count_vm_event(scan, pages.len() as u64);
     let mut back = Vec::new();
-    let freed = shrink_page_list(mm, &pages, force, &mut back);
+    let order0 = split_huge_isolated(mm, nid, &mut pages, force, &mut back);
+    mm.page_alloc().count_vm_event(scan, pages.len() as u64);
+    let freed = shrink_page_list(mm, &order0, force, &mut back);
     lru.putback(mm, &back);
     put_isolated(mm, nid, &pages);
     mm.page_alloc().count_vm_event(steal, freed);
     freed
+}
+
+/// Linux's `split_folio_to_list` in `shrink_folio_list`: each huge page of
+/// the batch that is cold (or `force`) and has no reference but its mapping's
+/// and the isolation's is split into 512 order-0 pages (`split_huge_page`,
+/// holding the page lock of each, all taken without waiting), and its mapped
+/// sub-pages join the batch, isolated: it swaps out as order-0 pages, on
+/// neighbouring slots of this CPU's cluster, so mostly in one write. A
+/// referenced huge page goes back to the active list whole, a busy one to the
+/// inactive list. Returns the batch's order-0 pages; `pages` gains the
+/// sub-pages (their isolation references are the caller's to drop).
+fn split_huge_isolated(
+    mm: &Mm,
+    nid: usize,
+    pages: &mut Vec<Pfn>,
+    force: bool,
+    back: &mut Vec<(Pfn, LruList)>,
+) -> Vec<Pfn> {
+    if pages.iter().all(|&p| desc(mm, p).order() == 0) {
+        return pages.clone();
+    }
+    let mut rwc = RmapWalkControl::default();
+    let mut order0 = Vec::with_capacity(pages.len());
+    let mut added = Vec::new();
+    let mut activated = 0;
+    for &head in pages.iter() {
+        if desc(mm, head).order() == 0 {
+            order0.push(head);
+            continue;
+        }
+        let locks: Option<Vec<PageGuard<'_>>> = (0..HPAGE_PMD_NR)
+            .map(|i| mm.trylock_page(Pfn::new(head.get() + i)))
+            .collect();
+        let Some(locks) = locks else {
+            back.push((head, LruList::Inactive)); // an access in progress
+            continue;
+        };
+        let split = rmap_walk_huge(mm, &locks[0], &mut rwc, |space, held| {
+            if desc(mm, head).refcount().load(Ordering::Acquire) != 2 {
+                return HugeSplit::Busy; // pinned
+            }
+            let split = space.split_huge_page(held, head, !force);
+            if let HugeSplit::Split(subpages) = &split {
+                // The isolation references, while the page locks and the VMA
+                // lock still keep migration and unmap away.
+                for &p in subpages {
+                    mm.pin_page(p);
+                }
+            }
+            split
+        });
+        drop(locks);
+        match split {
+            Some(HugeSplit::Split(subpages)) => {
+                mm.lru().add_isolated(nid, subpages.len());
+                if rmap::page_mapped(mm, head) {
+                    order0.push(head);
+                }
+                order0.extend_from_slice(&subpages);
+                added.extend(subpages);
+            }
+            Some(HugeSplit::Referenced) => {
+                activated += 1;
+                back.push((head, LruList::Active));
+            }
+            Some(HugeSplit::Busy) | None => back.push((head, LruList::Inactive)),
+        }
+    }
+    pages.extend(added);
+    mm.page_alloc()
+        .count_vm_event(VmEvent::PgActivate, activated);
+    order0
 }
 
 /// Linux's `shrink_page_list` over isolated pages (steps 1 to 5 of the module

@@ -16,7 +16,9 @@ use core::sync::atomic::Ordering;
 
 use super::{Claim, FreeError, PageAlloc};
 use crate::gfp::MIGRATE_PCPTYPES;
-use crate::page::{fl_mt, fl_order, fl_state, PageState, Pfn, MAX_ORDER, PG_OWNED};
+use crate::page::{
+    fl_mt, fl_order, fl_state, mk_flags, PageState, Pfn, FL_ORDER_MASK, MAX_ORDER, PG_OWNED,
+};
 use crate::pcp::{PcpGuard, PCP_MAX_ORDER};
 use crate::platform::Platform;
 use crate::stat::VmEvent;
@@ -103,6 +105,42 @@ impl<P: Platform> PageAlloc<P> {
             return Err(FreeError::Owned);
         }
         Ok(fl_order(f))
+    }
+
+    /// Linux's `split_page`: turns the allocated block of `order` headed by
+    /// `pfn` into 2^order allocated order-0 pages. The head keeps its flags
+    /// and reference count; every other page becomes the head of its own
+    /// order-0 block with one reference, the head's migratetype and its
+    /// `PG_OWNED`. Only the block's owner calls it, holding every reference
+    /// (nothing else may put or free the block meanwhile). Refused, changing
+    /// nothing, for anything but the head of an allocated block of `order`.
+    pub fn split_page(&self, pfn: Pfn, order: u32) -> Result<(), FreeError> {
+        if order > MAX_ORDER {
+            return Err(FreeError::InvalidOrder);
+        }
+        if pfn.get() & ((1 << order) - 1) != 0 {
+            return Err(FreeError::Misaligned);
+        }
+        let page = self.page(pfn).ok_or(FreeError::OutOfRange)?;
+        let f = page.flags.load(Ordering::Acquire);
+        if fl_state(f) != PageState::Alloc as u32 {
+            return Err(FreeError::NotAllocated);
+        }
+        if fl_order(f) != order {
+            return Err(FreeError::WrongOrder {
+                allocated: fl_order(f),
+            });
+        }
+        let tail = mk_flags(PageState::Alloc, 0, fl_mt(f) as u32) | (f & PG_OWNED);
+        for i in 1..(1u64 << order) {
+            let p = self.mem.page((pfn.get() + i) as u32);
+            p.refcount.store(1, Ordering::Relaxed);
+            p.flags.store(tail, Ordering::Release);
+        }
+        // The owner's flag bits may change meanwhile (atomic updates by the
+        // owner's own paths): only the order is replaced.
+        page.flags.fetch_and(!FL_ORDER_MASK, Ordering::AcqRel);
+        Ok(())
     }
 
     /// Takes a reference on an allocated block (Linux's `get_page`): the block

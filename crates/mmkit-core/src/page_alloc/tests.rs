@@ -704,3 +704,52 @@ fn with_nodes_refuses_bad_layouts() {
     assert!(mk(&[], zl.clone()).is_some());
     assert!(mk(&[1024, 1536], zl).is_none());
 }
+
+/// `split_page` turns an order-9 block into 512 order-0 blocks with one
+/// reference each: each frees alone, the count comes back exactly, and the
+/// walk is clean; bad input is refused and changes nothing.
+#[test]
+fn split_page_makes_order0_blocks() {
+    let a = pa(
+        PcpPolicy::On,
+        MergePolicy::Lazy,
+        RefillPolicy::Cluster,
+        4096,
+    );
+    let free0 = a.nr_free_pages();
+    let head = a.alloc_owned_pages(Gfp::MOVABLE, 9, &NoHooks).unwrap();
+    a.get_page(head);
+    assert_eq!(
+        a.split_page(head, 3),
+        Err(FreeError::WrongOrder { allocated: 9 })
+    );
+    assert_eq!(
+        a.split_page(Pfn::new(head.get() + 1), 0),
+        Err(FreeError::NotAllocated)
+    );
+    assert_eq!(
+        a.split_page(Pfn::new(head.get() + 1), 1),
+        Err(FreeError::Misaligned)
+    );
+    a.check().unwrap();
+    a.split_page(head, 9).unwrap();
+    a.check().unwrap();
+    for i in 1..512 {
+        let p = a.page(Pfn::new(head.get() + i)).unwrap();
+        assert_eq!((p.state(), p.order()), (PageState::Alloc, 0));
+        assert_eq!(p.refcount().load(Ordering::Relaxed), 1);
+        assert!(p.test_flag(PG_OWNED));
+        // Owned: a user free is refused; the last reference frees it.
+        assert_eq!(
+            a.free_pages(Pfn::new(head.get() + i), 0),
+            Err(FreeError::Owned)
+        );
+        assert!(a.put_page(Pfn::new(head.get() + i)));
+    }
+    // The head kept both of its references.
+    assert!(!a.put_page(head));
+    assert!(a.put_page(head));
+    a.drain_all_pages();
+    assert_eq!(a.nr_free_pages(), free0);
+    a.check().unwrap();
+}

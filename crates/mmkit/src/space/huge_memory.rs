@@ -13,13 +13,19 @@
 //! `nr_pages_mapped` counts the sub-pages still mapped; the block is freed with
 //! the last of them (`zap.rs`).
 //!
+//! Reclaim splits a cold huge page into 512 order-0 pages to swap them out
+//! (`split_huge_page`, Linux's large-folio split in `shrink_folio_list`).
+//!
 //! Locking: faults run under the shared VMA lock and install the PMD by CAS from
-//! 0; split and zap run under the exclusive VMA lock, where nothing else writes
-//! the PMD or the new PTE table.
+//! 0; munmap's split and the zap run under the exclusive VMA lock. Reclaim's
+//! split runs under the shared VMA lock holding the page lock of all 512
+//! sub-pages, and changes every entry by CAS or atomic AND, since accessors
+//! set accessed and dirty bits meanwhile.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use mmkit_core::clear::{ChunkedClear, ClearStrategy};
+use mmkit_core::{PageState, VmEvent};
 
 use super::memory::VmFault;
 use super::mmap::{MapFlags, Vma, VmaTree};
@@ -106,6 +112,8 @@ impl SpaceInner {
                 self.stats.add(Stat::HugePages, 1);
                 self.stats.add(Stat::PgTables, 1);
                 self.stats.add(Stat::Rss, HPAGE_PMD_NR as i64);
+                // One LRU entry for the 512 pages (reclaim splits it).
+                mm.lru().lru_cache_add(mm, &[pfn]);
             }
             Err(_) => {
                 let pt = pgtable_trans_huge_withdraw(mm, pfn);
@@ -133,32 +141,170 @@ impl SpaceInner {
     /// the PTE table deposited with it, mapping its 512 sub-pages. Needs no
     /// memory, so it cannot fail. Exclusive VMA lock held.
     pub(super) fn split_huge_pmd(&self, held: &VmaTree, addr: u64) {
-        let Some((slot, e, 1)) = self.follow_pte(held, addr) else {
-            return;
-        };
+        if let Some((slot, e, 1)) = self.follow_pte(held, addr) {
+            let done = self.split_huge_pmd_at(held, slot, e, addr & !(PMD_SIZE - 1));
+            debug_assert!(done, "nothing else writes a PMD under the exclusive lock");
+        }
+    }
+
+    /// Replaces the huge PMD `slot` at `haddr`, seen holding `e`, by its
+    /// deposited table mapping the 512 sub-pages with `e`'s bits, published by
+    /// CAS: an accessor that sets the accessed or dirty bit meanwhile (under
+    /// the shared VMA lock) makes the split build the table again with its
+    /// bits. False, nothing changed, when the PMD stops mapping the page.
+    fn split_huge_pmd_at(&self, held: &VmaTree, slot: &AtomicU64, mut e: Pte, haddr: u64) -> bool {
         let mm = &self.mm;
-        let pt = pgtable_trans_huge_withdraw(mm, e.pfn());
-        let t = self.tbl(held, pt);
         let head = e.pfn();
-        let haddr = addr & !(PMD_SIZE - 1);
-        let bits = e.raw() & (PTE_WRITE | PTE_ACCESSED | PTE_DIRTY);
-        for (i, s) in t.iter().enumerate() {
-            let sub = Pfn::new(head.get() + i as u64);
-            let mut p = leaf(sub, false).with(bits | PTE_COMPOUND);
-            if e.is_numa_hint() {
-                p = p.mk_numa_hint();
-            }
-            s.store(p.raw(), Ordering::Relaxed);
-            if i > 0 {
-                rmap::set(mm, sub, self.id, haddr + i as u64 * PAGE);
-            }
+        let pt = pgtable_trans_huge_deposited(mm, head);
+        let t = self.tbl(held, pt);
+        for i in 1..HPAGE_PMD_NR {
+            rmap::set(mm, Pfn::new(head.get() + i), self.id, haddr + i * PAGE);
         }
         used(mm, pt).store(HPAGE_PMD_NR, Ordering::Relaxed);
         desc(mm, Pfn::new(head.get() + 1))
             .nr_pages_mapped()
             .store(HPAGE_PMD_NR, Ordering::Release);
-        slot.store(Pte::table(pt).raw(), Ordering::Release);
+        loop {
+            let bits = e.raw() & (PTE_WRITE | PTE_ACCESSED | PTE_DIRTY);
+            for (i, s) in t.iter().enumerate() {
+                let mut p = leaf(Pfn::new(head.get() + i as u64), false).with(bits | PTE_COMPOUND);
+                if e.is_numa_hint() {
+                    p = p.mk_numa_hint();
+                }
+                s.store(p.raw(), Ordering::Relaxed);
+            }
+            match slot.compare_exchange(
+                e.raw(),
+                Pte::table(pt).raw(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(now) if Pte::from_raw(now).is_huge() && Pte::from_raw(now).pfn() == head => {
+                    e = Pte::from_raw(now);
+                }
+                Err(_) => {
+                    // Unmapped meanwhile: the PMD maps it whole no more, and
+                    // the table stays deposited for whoever zapped it.
+                    for i in 1..HPAGE_PMD_NR {
+                        rmap::clear(mm, Pfn::new(head.get() + i));
+                    }
+                    desc(mm, Pfn::new(head.get() + 1))
+                        .nr_pages_mapped()
+                        .store(0, Ordering::Release);
+                    return false;
+                }
+            }
+        }
+        pgtable_trans_huge_withdraw(mm, head);
         self.stats.add(Stat::HugePages, -1);
+        mm.page_alloc().count_vm_event(VmEvent::ThpSplitPmd, 1);
+        true
+    }
+
+    /// Linux's `split_huge_page` as reclaim uses it (`shrink_folio_list`
+    /// splits a large folio it cannot swap whole): the huge page headed by
+    /// `head`, which this space maps by its PMD or, PMD split, by PTEs, becomes
+    /// 512 order-0 pages. The PMD is split (`split_huge_pmd_at`); each mapped
+    /// sub-page's PTE loses `PTE_COMPOUND` and the page gets its own reference
+    /// (its mapping's; the head keeps the block's); sub-pages no longer mapped
+    /// are freed, the head dropping the mapping's reference if it is one.
+    ///
+    /// With `keep_if_referenced`, a page accessed since the last look (the
+    /// accessed bit of its PMD or of any PTE, cleared here) is left whole:
+    /// [`HugeSplit::Referenced`]. [`HugeSplit::Busy`], nothing changed, when
+    /// the entries do not map the page as its reverse maps say.
+    ///
+    /// Held: the shared VMA lock (`held`: no zap), the page lock of each of the
+    /// 512 sub-pages (no access touches their bytes, and no pin is taken: pins
+    /// are taken under the page lock of the page accessed), and the caller
+    /// checked that the page has no reference but the mapping's and its own.
+    /// Accessors may still set accessed and dirty bits: every entry is
+    /// changed by CAS or an atomic AND. An accessor that walked before the
+    /// split finds a different translation under its page lock and walks
+    /// again (`still_maps` in `mmu.rs`).
+    pub(crate) fn split_huge_page(
+        &self,
+        held: &VmaTree,
+        head: Pfn,
+        keep_if_referenced: bool,
+    ) -> HugeSplit {
+        let mm = &self.mm;
+        let d = desc(mm, head);
+        if d.state() != PageState::Alloc || d.order() != HPAGE_PMD_ORDER {
+            return HugeSplit::Busy;
+        }
+        let mapcount = desc(mm, Pfn::new(head.get() + 1)).nr_pages_mapped();
+        if mapcount.load(Ordering::Acquire) == 0 {
+            // Mapped whole by its PMD, at the head's address.
+            let Some((id, haddr)) = rmap::decode(d.mapping.load(Ordering::Acquire)) else {
+                return HugeSplit::Busy;
+            };
+            let Some((slot, e, 1)) = self.follow_pte(held, haddr) else {
+                return HugeSplit::Busy;
+            };
+            if id != self.id || !e.is_huge() || e.pfn() != head {
+                return HugeSplit::Busy;
+            }
+            if keep_if_referenced
+                && slot.fetch_and(!PTE_ACCESSED, Ordering::AcqRel) & PTE_ACCESSED != 0
+            {
+                return HugeSplit::Referenced;
+            }
+            let e = Pte::from_raw(slot.load(Ordering::Acquire));
+            if !self.split_huge_pmd_at(held, slot, e, haddr) {
+                return HugeSplit::Busy;
+            }
+        }
+        // Every mapped sub-page's PTE, as its reverse map says.
+        let mut ptes = Vec::with_capacity(HPAGE_PMD_NR as usize);
+        for i in 0..HPAGE_PMD_NR {
+            let sub = Pfn::new(head.get() + i);
+            let Some((id, va)) = rmap::decode(desc(mm, sub).mapping.load(Ordering::Acquire)) else {
+                continue;
+            };
+            match self.follow_pte(held, va) {
+                Some((slot, e, 0)) if id == self.id && e.is_compound() && e.pfn() == sub => {
+                    ptes.push((i, slot))
+                }
+                _ => return HugeSplit::Busy,
+            }
+        }
+        if ptes.len() as u64 != mapcount.load(Ordering::Acquire) {
+            return HugeSplit::Busy;
+        }
+        if keep_if_referenced {
+            let mut referenced = false;
+            for (_, slot) in &ptes {
+                referenced |= slot.fetch_and(!PTE_ACCESSED, Ordering::AcqRel) & PTE_ACCESSED != 0;
+            }
+            if referenced {
+                return HugeSplit::Referenced;
+            }
+        }
+        for (_, slot) in &ptes {
+            slot.fetch_and(!PTE_COMPOUND, Ordering::AcqRel);
+        }
+        mapcount.store(0, Ordering::Release);
+        mm.page_alloc()
+            .split_page(head, HPAGE_PMD_ORDER)
+            .expect("an allocated order-9 head");
+        // Each mapped sub-page keeps the reference split_page gave it (its
+        // mapping's); the unmapped ones drop theirs.
+        let mut mapped = ptes.iter().map(|&(i, _)| i).peekable();
+        let mut unmapped = Vec::new();
+        let mut subpages = Vec::with_capacity(ptes.len());
+        for i in 0..HPAGE_PMD_NR {
+            let sub = Pfn::new(head.get() + i);
+            if mapped.next_if_eq(&i).is_none() {
+                unmapped.push((sub, 0));
+            } else if i > 0 {
+                subpages.push(sub);
+            }
+        }
+        mm.put_pages_bulk(&unmapped);
+        mm.page_alloc().count_vm_event(VmEvent::ThpSplitPage, 1);
+        HugeSplit::Split(subpages)
     }
 
     /// Linux's `zap_huge_pmd`.
@@ -177,24 +323,51 @@ impl SpaceInner {
     }
 }
 
+/// What `split_huge_page` did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum HugeSplit {
+    /// Split; the mapped sub-pages other than the head, each with its
+    /// mapping's reference.
+    Split(Vec<Pfn>),
+    /// Accessed since the last look: left whole (its accessed bits cleared).
+    Referenced,
+    /// Not mapped here as its reverse maps say: nothing changed.
+    Busy,
+}
+
 /// Linux's `pgtable_trans_huge_deposit`: keeps the (zeroed) table `pt` with the
-/// huge page `head` until its PMD is split or zapped.
+/// huge page `head` until its PMD is split or zapped. The slot holds `pt + 1`
+/// (pfn 0 is a frame like any other), 0 when empty.
 fn pgtable_trans_huge_deposit(mm: &Mm, head: Pfn, pt: Pfn) {
     let slot = desc(mm, Pfn::new(head.get() + 2)).pmd_huge_pte();
     debug_assert_eq!(slot.load(Ordering::Relaxed), 0);
-    slot.store(pt.get(), Ordering::Relaxed);
+    slot.store(pt.get() + 1, Ordering::Relaxed);
+}
+
+/// The table deposited with the huge page `head`, left in place. Every huge
+/// PMD has one (see the module header).
+fn pgtable_trans_huge_deposited(mm: &Mm, head: Pfn) -> Pfn {
+    let v = desc(mm, Pfn::new(head.get() + 2))
+        .pmd_huge_pte()
+        .load(Ordering::Relaxed);
+    deposited_pfn(head, v)
 }
 
 /// Linux's `pgtable_trans_huge_withdraw`: takes back the table deposited with
-/// the huge page `head`. Every huge PMD has one (see the module header).
+/// the huge page `head`.
 fn pgtable_trans_huge_withdraw(mm: &Mm, head: Pfn) -> Pfn {
-    let pt = desc(mm, Pfn::new(head.get() + 2))
+    let v = desc(mm, Pfn::new(head.get() + 2))
         .pmd_huge_pte()
         .swap(0, Ordering::Relaxed);
+    deposited_pfn(head, v)
+}
+
+/// The table of a deposit slot's value `v` (`pt + 1`).
+fn deposited_pfn(head: Pfn, v: u64) -> Pfn {
     assert!(
-        pt != 0,
+        v != 0,
         "huge page at pfn {} has no deposited table",
         head.get()
     );
-    Pfn::new(pt)
+    Pfn::new(v - 1)
 }

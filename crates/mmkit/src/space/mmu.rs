@@ -264,13 +264,19 @@ impl SpaceInner {
         }
     }
 
-    /// Does `addr` still map the frame of `t` through a present entry? Checked
-    /// under the page lock of `t.pfn` before touching its bytes: a migration that
-    /// started after `t` was taken has replaced the entry. Only under the shared
+    /// Does `addr` still map the frame of `t` through a present entry, as part
+    /// of the same block? Checked under the page lock of `t.pfn` before touching
+    /// its bytes: a migration that started after `t` was taken has replaced the
+    /// entry, a huge page split by reclaim has a new head. Only under the shared
     /// VMA lock (through the walk cache).
     fn still_maps(&self, held: &VmaTree, addr: u64, t: &Translation) -> bool {
         match self.follow_pte_cached(held, addr) {
-            Some((_, e, level)) if e.is_present() => Self::translation(e, level, addr).pfn == t.pfn,
+            Some((_, e, level)) if e.is_present() => {
+                // The same frame, in the same block: reclaim may have split
+                // the huge page since the walk (a pin must go to the block).
+                let now = Self::translation(e, level, addr);
+                now.pfn == t.pfn && now.head == t.head
+            }
             _ => false,
         }
     }

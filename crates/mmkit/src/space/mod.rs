@@ -72,6 +72,7 @@ use mmkit_core::Platform;
 use crate::pgtable::{alloc_table, table, Pte, Table, TASK_SIZE};
 use crate::{Error, Mm, Pfn, StdPlatform, PAGE_SIZE};
 
+pub(crate) use huge_memory::HugeSplit;
 pub use mmap::MapFlags;
 pub(crate) use mmap::VmaTree;
 pub use mmu::PinnedPage;

@@ -67,12 +67,8 @@ impl<'a> MmuGather<'a> {
     /// reverse maps already cleared), then drops their references.
     fn flush(&mut self) {
         if !self.batch.is_empty() {
-            let lru: Vec<u32> = self
-                .batch
-                .iter()
-                .filter(|&&(_, order)| order == 0)
-                .map(|&(p, _)| p.get() as u32)
-                .collect();
+            // Order-0 pages and huge heads alike may be on a list.
+            let lru: Vec<u32> = self.batch.iter().map(|&(p, _)| p.get() as u32).collect();
             self.mm.lru().remove_batch(self.mm, &lru);
             self.mm.put_pages_bulk(&self.batch);
             self.batch.clear();
