@@ -269,3 +269,45 @@ fn race(fill_first: bool) {
     assert_eq!(mm.nr_free_pages(), free0, "pages leaked");
     mm.check().unwrap();
 }
+
+/// Memory and swap both exhausted by a huge mapping: the access returns
+/// `NoMemory` only then (after the device filled), nothing panics, and
+/// unmapping makes the next access succeed with every byte before it intact.
+#[test]
+fn huge_exhaustion_returns_no_memory() {
+    let mm = Mm::builder().memory(16 * MIB).build().unwrap();
+    mm.swapon(SwapDevice::ram(8 << 20)).unwrap();
+    let s = mm.new_space().unwrap();
+    let len = 64 * MIB;
+    let a = s.mmap(len, MapFlags::HUGE).unwrap();
+    let mut failed_at = None;
+    for i in 0..(len as u64 / PAGE) {
+        match s.write(a + i * PAGE, &i.to_le_bytes()) {
+            Ok(()) => {}
+            Err(Error::NoMemory { .. }) => {
+                failed_at = Some(i);
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let i = failed_at.expect("24 MiB of memory and swap hold no 64 MiB");
+    assert!(
+        i > (16 * MIB) as u64 / PAGE,
+        "swap was used before failing ({i} pages)"
+    );
+    assert_eq!(used_swap(&mm), 2048, "the device is full");
+    assert!(ev(&mm, VmEvent::ThpSplitPage) > 0);
+    // Freeing makes room; what was written is still there.
+    s.munmap(a, 8 * MIB).unwrap();
+    s.write(a + i * PAGE, &i.to_le_bytes()).unwrap();
+    for j in (8 * MIB) as u64 / PAGE..=i {
+        let mut b = [0u8; 8];
+        s.read(a + j * PAGE, &mut b).unwrap();
+        assert_eq!(u64::from_le_bytes(b), j, "page {j}");
+    }
+    drop(s);
+    mm.wait_reclaim_idle();
+    assert_eq!(used_swap(&mm), 0);
+    mm.check().unwrap();
+}
