@@ -4,7 +4,16 @@
 //! Invariant: an `Err` means the call changed nothing; every message says what was
 //! wrong and, where there is one, what to do about it. No state, no lock.
 
+use std::io;
+use std::path::PathBuf;
+
 use mmkit_core::{FreeError, Pfn, MAX_ORDER};
+
+use crate::page_io::SwapIoError;
+use crate::pgtable::SwapEntry;
+use crate::swap_cluster::MapError;
+use crate::swap_state::CacheExists;
+use crate::swapfile::{SwapId, MAX_SWAPFILES, SWAP_PRIO_MAX};
 
 /// Errors of the mmkit API. Every refused call changed nothing.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -173,5 +182,41 @@ pub(crate) fn free_err(e: FreeError, pfn: Pfn, order: u32) -> Error {
             given: order,
         },
         FreeError::Owned => Error::OwnedBySpace { pfn },
+    }
+}
+
+/// Why a swap call was refused (nothing changed).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SwapError {
+    #[error("swap size {bytes} bytes: {reason}")]
+    BadSize { bytes: u64, reason: String },
+    #[error("swap priority {priority}: give 0..={SWAP_PRIO_MAX}, or none for an automatic one")]
+    BadPriority { priority: i32 },
+    #[error("swap file {path:?}: {reason}")]
+    BadPath { path: PathBuf, reason: String },
+    #[error("swap file {path:?} is already on as {id:?}")]
+    DuplicateFile { path: PathBuf, id: SwapId },
+    #[error("{MAX_SWAPFILES} swap devices are on already; turn one off first")]
+    TooManyDevices,
+    #[error("swap device could not be set up: {kind:?}: {msg}")]
+    Setup { kind: io::ErrorKind, msg: String },
+    #[error("no swap device {id:?} is on")]
+    NoSuchDevice { id: SwapId },
+    #[error("swap device {id:?} has {used_pages} slots in use; bring them back before swapoff")]
+    Busy { id: SwapId, used_pages: u64 },
+    #[error("swap entry {entry:?} names no device that is on")]
+    BadEntry { entry: SwapEntry },
+    #[error(transparent)]
+    Map(#[from] MapError),
+    #[error(transparent)]
+    Io(#[from] SwapIoError),
+    #[error(transparent)]
+    CacheExists(#[from] CacheExists),
+}
+
+pub(crate) fn setup_err(e: io::Error) -> SwapError {
+    SwapError::Setup {
+        kind: e.kind(),
+        msg: e.to_string(),
     }
 }

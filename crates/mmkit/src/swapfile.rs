@@ -35,13 +35,14 @@ use std::sync::{Arc, Mutex};
 use crossbeam_utils::sync::ShardedLock;
 use mmkit_core::{LockStats, PAGE_SIZE};
 
+use crate::error::setup_err;
+pub(crate) use crate::error::SwapError;
 use crate::page_io::{
-    Backend, DirectIo, FileDevice, IoEngine, RamDevice, SwapBackend, SwapIo, SwapIoError,
-    SwapIoStats,
+    Backend, DirectIo, FileDevice, IoEngine, RamDevice, SwapBackend, SwapIo, SwapIoStats,
 };
 use crate::pgtable::SwapEntry;
-use crate::swap_cluster::{MapError, SwapAllocPolicy, SwapMap, SWAPFILE_CLUSTER};
-use crate::swap_state::{CacheExists, SwapCache, SwapCacheIndex, SwapRa, SwapReadahead};
+use crate::swap_cluster::{SwapAllocPolicy, SwapMap, SWAPFILE_CLUSTER};
+use crate::swap_state::{SwapCache, SwapCacheIndex, SwapRa, SwapReadahead};
 use crate::{Error, Mm};
 
 /// Highest priority a user may give (Linux's `SWAP_FLAG_PRIO_MASK`).
@@ -176,42 +177,6 @@ pub struct SwapInfo {
     pub io_errors: u64,
     /// Reads refused for a checksum mismatch.
     pub checksum_errors: u64,
-}
-
-/// Why a swap call was refused (nothing changed).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum SwapError {
-    #[error("swap size {bytes} bytes: {reason}")]
-    BadSize { bytes: u64, reason: String },
-    #[error("swap priority {priority}: give 0..={SWAP_PRIO_MAX}, or none for an automatic one")]
-    BadPriority { priority: i32 },
-    #[error("swap file {path:?}: {reason}")]
-    BadPath { path: PathBuf, reason: String },
-    #[error("swap file {path:?} is already on as {id:?}")]
-    DuplicateFile { path: PathBuf, id: SwapId },
-    #[error("{MAX_SWAPFILES} swap devices are on already; turn one off first")]
-    TooManyDevices,
-    #[error("swap device could not be set up: {kind:?}: {msg}")]
-    Setup { kind: io::ErrorKind, msg: String },
-    #[error("no swap device {id:?} is on")]
-    NoSuchDevice { id: SwapId },
-    #[error("swap device {id:?} has {used_pages} slots in use; bring them back before swapoff")]
-    Busy { id: SwapId, used_pages: u64 },
-    #[error("swap entry {entry:?} names no device that is on")]
-    BadEntry { entry: SwapEntry },
-    #[error(transparent)]
-    Map(#[from] MapError),
-    #[error(transparent)]
-    Io(#[from] SwapIoError),
-    #[error(transparent)]
-    CacheExists(#[from] CacheExists),
-}
-
-fn setup_err(e: io::Error) -> SwapError {
-    SwapError::Setup {
-        kind: e.kind(),
-        msg: e.to_string(),
-    }
 }
 
 /// What `validate` found: the free type, the file's (st_dev, st_ino) and whether
@@ -691,26 +656,7 @@ impl SwapDevices {
 
     /// `/proc/swaps`.
     pub(crate) fn proc_swaps(&self) -> String {
-        let mut s = format!(
-            "{:<40}{:<16}{:<16}{:<16}{}\n",
-            "Filename", "Type", "Size", "Used", "Priority"
-        );
-        for i in self.swap_info() {
-            let kind = match i.kind {
-                SwapKind::Ram => "ram",
-                SwapKind::File => "file",
-                SwapKind::Backend => "backend",
-            };
-            s += &format!(
-                "{:<40}{:<16}{:<16}{:<16}{}\n",
-                i.filename,
-                kind,
-                i.size_pages * 4,
-                i.used_pages * 4,
-                i.priority
-            );
-        }
-        s
+        crate::views::proc_swaps(&self.swap_info())
     }
 
     /// Swap pages in total, and free (for `SwapTotal` / `SwapFree`).

@@ -3,6 +3,8 @@
 
 use super::*;
 use crate::page_io::tests::Flaky;
+use crate::page_io::SwapIoError;
+use crate::swap_cluster::MapError;
 use std::sync::atomic::Ordering;
 
 const MB: u64 = 1 << 20;

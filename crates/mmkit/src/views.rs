@@ -1,9 +1,9 @@
-//! Text views shaped like `/proc/buddyinfo`, `/proc/pagetypeinfo`, `/proc/vmstat`
-//! and `/proc/meminfo`.
+//! Text views shaped like `/proc/buddyinfo`, `/proc/pagetypeinfo`, `/proc/vmstat`,
+//! `/proc/meminfo` and `/proc/swaps`.
 
 use std::fmt::Write;
 
-use crate::{MigrateType, Mm};
+use crate::{MigrateType, Mm, SwapInfo, SwapKind};
 use mmkit_core::{MIGRATE_TYPES, NR_ORDERS, PAGEBLOCK_ORDER};
 
 impl Mm {
@@ -146,4 +146,28 @@ impl Mm {
         }
         s
     }
+}
+
+/// `/proc/swaps` for the devices `info` (sizes in kB).
+pub(crate) fn proc_swaps(info: &[SwapInfo]) -> String {
+    let mut s = format!(
+        "{:<40}{:<16}{:<16}{:<16}{}\n",
+        "Filename", "Type", "Size", "Used", "Priority"
+    );
+    for i in info {
+        let kind = match i.kind {
+            SwapKind::Ram => "ram",
+            SwapKind::File => "file",
+            SwapKind::Backend => "backend",
+        };
+        s += &format!(
+            "{:<40}{:<16}{:<16}{:<16}{}\n",
+            i.filename,
+            kind,
+            i.size_pages * 4,
+            i.used_pages * 4,
+            i.priority
+        );
+    }
+    s
 }
