@@ -447,3 +447,48 @@ impl Lru {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{rmap, Gfp, MapFlags, PAGE_SIZE};
+
+    /// An `lru_add` entry left behind by a page freed before its batch drained
+    /// never links the frame's next incarnation, even one that already has a
+    /// reverse map (a fault that has not installed it yet, and may lose its
+    /// race and free it): the free cleared `PG_LRU_ADD`.
+    #[test]
+    fn stale_batch_entry_links_nothing() {
+        let mm = crate::space::tests::mm();
+        let s = mm.new_space().unwrap();
+        let a = s.mmap(PAGE_SIZE, MapFlags::empty()).unwrap();
+        s.write(a, &[1]).unwrap();
+        let pfn = s.translate(a).unwrap().pfn;
+        assert!(desc(&mm, pfn).test_flag(PG_LRU_ADD), "queued, not drained");
+        s.munmap(a, PAGE_SIZE).unwrap();
+        // The frame comes back (taking free pages until it does), "being
+        // faulted".
+        mm.drain_all_pages();
+        let mut held = Vec::new();
+        let again = loop {
+            let p = mm
+                .alloc_pages(Gfp::KERNEL | Gfp::HIGH, 0)
+                .unwrap_or_else(|e| panic!("pfn {} never came back: {e}", pfn.get()));
+            if p == pfn {
+                break p;
+            }
+            held.push(p);
+        };
+        rmap::set(&mm, again, s.id(), a);
+        mm.lru().drain_all(&mm);
+        let d = desc(&mm, again);
+        assert!(!d.test_flag(PG_LRU) && !d.test_flag(PG_LRU_ADD));
+        assert_eq!(mm.lru().nr_pages(0), (0, 0));
+        rmap::clear(&mm, again);
+        mm.free_pages(again, 0).unwrap();
+        for p in held {
+            mm.free_pages(p, 0).unwrap();
+        }
+        mm.check().unwrap();
+    }
+}

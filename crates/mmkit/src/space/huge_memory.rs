@@ -371,3 +371,22 @@ fn deposited_pfn(head: Pfn, v: u64) -> Pfn {
     );
     Pfn::new(v - 1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Frame 0 is a frame like any other: a table there is deposited and
+    /// withdrawn like one anywhere else (the slot holds `pt + 1`).
+    #[test]
+    fn deposit_of_frame_zero() {
+        let mm = super::super::tests::mm();
+        let head = mm.alloc_owned_pages(Gfp::MOVABLE, HPAGE_PMD_ORDER).unwrap();
+        for pt in [Pfn::new(0), Pfn::new(7)] {
+            pgtable_trans_huge_deposit(&mm, head, pt);
+            assert_eq!(pgtable_trans_huge_deposited(&mm, head), pt);
+            assert_eq!(pgtable_trans_huge_withdraw(&mm, head), pt);
+        }
+        mm.free_owned_pages(head, HPAGE_PMD_ORDER).unwrap();
+    }
+}
