@@ -82,16 +82,21 @@ unsafe impl Send for RamDevice {}
 unsafe impl Sync for RamDevice {}
 
 impl RamDevice {
-    /// Maps `size` bytes (a multiple of 4096) of anonymous memory, reserved lazily.
-    pub(crate) fn new(size: u64) -> io::Result<RamDevice> {
+    /// Maps `size` bytes (a multiple of 4096) of anonymous memory, reserved
+    /// lazily, or backed now with `populate`.
+    pub(crate) fn new(size: u64, populate: bool) -> io::Result<RamDevice> {
         check_range(0, size as usize, size)?;
+        let flags = libc::MAP_PRIVATE
+            | libc::MAP_ANONYMOUS
+            | libc::MAP_NORESERVE
+            | if populate { libc::MAP_POPULATE } else { 0 };
         // SAFETY: a fresh anonymous private mapping; no existing memory is touched.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 size as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                flags,
                 -1,
                 0,
             )

@@ -12,7 +12,7 @@ fn page(tag: u8) -> Vec<u8> {
 
 #[test]
 fn ram_device_round_trip_and_bounds() {
-    let d = RamDevice::new(16 * PAGE).unwrap();
+    let d = RamDevice::new(16 * PAGE, true).unwrap();
     let p = page(1);
     d.write(3 * PAGE, &p).unwrap();
     let mut back = vec![0u8; PAGE_SIZE];
@@ -39,7 +39,7 @@ fn ram_device_round_trip_and_bounds() {
 
 #[test]
 fn swap_io_checksums_catch_corruption() {
-    let io = SwapIo::new(Backend::Ram(RamDevice::new(8 * PAGE).unwrap()), 8);
+    let io = SwapIo::new(Backend::Ram(RamDevice::new(8 * PAGE, false).unwrap()), 8);
     let mut back = vec![0u8; PAGE_SIZE];
     assert_eq!(
         io.swap_readpage(2, &mut back),
@@ -93,7 +93,7 @@ pub(crate) struct Flaky {
 impl Flaky {
     pub(crate) fn new(size: u64) -> Flaky {
         Flaky {
-            ram: RamDevice::new(size).unwrap(),
+            ram: RamDevice::new(size, false).unwrap(),
             fail_write: AtomicBool::new(false),
             fail_read: AtomicBool::new(false),
         }

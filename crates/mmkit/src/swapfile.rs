@@ -67,6 +67,7 @@ pub struct SwapDevice {
     priority: Option<i32>,
     direct: DirectIo,
     engine: IoEngine,
+    populate: bool,
 }
 
 impl SwapDevice {
@@ -90,6 +91,7 @@ impl SwapDevice {
             priority: None,
             direct: DirectIo::Auto,
             engine: IoEngine::Auto,
+            populate: false,
         }
     }
     /// The priority (`0..=32767`; higher is used first).
@@ -107,6 +109,13 @@ impl SwapDevice {
         self.engine = IoEngine::Sync;
         self
     }
+    /// A RAM device: its memory is backed now (`MAP_POPULATE`, best effort),
+    /// as a pmem disk's or a preallocated tmpfs file's is, instead of on the
+    /// first write to each page: no host page fault on the swap-out path.
+    pub fn populated(mut self) -> SwapDevice {
+        self.populate = true;
+        self
+    }
 }
 
 impl fmt::Debug for SwapDevice {
@@ -120,6 +129,7 @@ impl fmt::Debug for SwapDevice {
             .field("source", &src)
             .field("bytes", &self.bytes)
             .field("priority", &self.priority)
+            .field("populate", &self.populate)
             .finish()
     }
 }
@@ -369,7 +379,7 @@ impl SwapDevices {
         let nr_slots = (dev.bytes / PAGE_SIZE as u64) as u32;
         let (backend, kind, name) = match dev.source {
             Source::Ram => (
-                Backend::Ram(RamDevice::new(dev.bytes).map_err(setup_err)?),
+                Backend::Ram(RamDevice::new(dev.bytes, dev.populate).map_err(setup_err)?),
                 SwapKind::Ram,
                 "[ram]".into(),
             ),

@@ -88,7 +88,8 @@ fn partly_unmapped_huge_pages_swap() {
     let mm = Mm::builder().memory(16 * MIB).build().unwrap();
     mm.drain_all_pages();
     let free0 = mm.nr_free_pages();
-    mm.swapon(SwapDevice::ram(64 << 20)).unwrap();
+    // A device backed up front (`populated`) behaves like a lazy one.
+    mm.swapon(SwapDevice::ram(64 << 20).populated()).unwrap();
     let s = mm.new_space().unwrap();
     let len = 8 * MIB;
     let pages = len as u64 / PAGE;

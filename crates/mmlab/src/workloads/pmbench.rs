@@ -624,7 +624,9 @@ fn build_mmkit(name: &str, v: Variant, config: &Config) -> anyhow::Result<Peer> 
             peer.remove_on_drop(f.clone());
             SwapDevice::file(f, bytes)
         }
-        None => SwapDevice::ram(bytes),
+        // Backed now, as the kernel peer's tmpfs file is (fallocate): no
+        // first-write host fault inside a measured interval.
+        None => SwapDevice::ram(bytes).populated(),
     };
     let mm = peer.mm().expect("an mmkit peer");
     mm.swapon(dev)
@@ -636,7 +638,7 @@ fn build_mmkit(name: &str, v: Variant, config: &Config) -> anyhow::Result<Peer> 
 /// one, sized as the named variants' (once, at its first point).
 fn swap_on_if_none(mm: &Mm, arena: usize) -> Result<(), String> {
     if mm.swap_info().is_empty() {
-        mm.swapon(SwapDevice::ram(swap_bytes(arena) as u64))
+        mm.swapon(SwapDevice::ram(swap_bytes(arena) as u64).populated())
             .map_err(|e| format!("swapon: {e}"))?;
     }
     Ok(())
