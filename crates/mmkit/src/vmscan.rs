@@ -267,9 +267,9 @@ fn shrink_inactive_list(mm: &Mm, nid: usize, nr: usize, who: Reclaimer, force: b
         Reclaimer::Direct => (VmEvent::PgScanDirect, VmEvent::PgStealDirect),
     };
     let mut back = Vec::new();
-    let order0 = split_huge_isolated(mm, nid, &mut pages, force, &mut back);
+    let split = split_huge_isolated(mm, nid, &mut pages, force, &mut back);
     mm.page_alloc().count_vm_event(scan, pages.len() as u64);
-    let freed = shrink_page_list(mm, &order0, force, &mut back);
+    let freed = shrink_page_list(mm, split.as_deref().unwrap_or(&pages), force, &mut back);
     lru.putback(mm, &back);
     put_isolated(mm, nid, &pages);
     mm.page_alloc().count_vm_event(steal, freed);
@@ -283,17 +283,18 @@ fn shrink_inactive_list(mm: &Mm, nid: usize, nr: usize, who: Reclaimer, force: b
 /// sub-pages join the batch, isolated: it swaps out as order-0 pages, on
 /// neighbouring slots of this CPU's cluster, so mostly in one write. A
 /// referenced huge page goes back to the active list whole, a busy one to the
-/// inactive list. Returns the batch's order-0 pages; `pages` gains the
-/// sub-pages (their isolation references are the caller's to drop).
+/// inactive list. Returns the batch's order-0 pages, `None` when they are
+/// all of `pages` (no huge page among them); `pages` gains the sub-pages
+/// (their isolation references are the caller's to drop).
 fn split_huge_isolated(
     mm: &Mm,
     nid: usize,
     pages: &mut Vec<Pfn>,
     force: bool,
     back: &mut Vec<(Pfn, LruList)>,
-) -> Vec<Pfn> {
+) -> Option<Vec<Pfn>> {
     if pages.iter().all(|&p| desc(mm, p).order() == 0) {
-        return pages.clone();
+        return None;
     }
     let mut rwc = RmapWalkControl::default();
     let mut order0 = Vec::with_capacity(pages.len());
@@ -345,7 +346,7 @@ fn split_huge_isolated(
     pages.extend(added);
     mm.page_alloc()
         .count_vm_event(VmEvent::PgActivate, activated);
-    order0
+    Some(order0)
 }
 
 /// Linux's `shrink_page_list` over isolated pages (steps 1 to 5 of the module
