@@ -154,11 +154,10 @@ pub struct Page {
     /// (A) Reference count of an allocated head (1 after allocation): get/put by
     /// anyone holding a reference; set by the allocator when it hands out.
     pub(crate) refcount: AtomicU32,
-    /// (Z) Next descriptor on a buddy free list. LRU lists (reclaim) will reuse
-    /// `next`/`prev` for allocated pages, under the LRU lock: a page is on a
-    /// free list or on an LRU list, never both.
+    /// (Z) Next descriptor on a buddy free list. (The LRU lists of allocated
+    /// pages keep their links in arrays of their own, `lru::LruLinks`.)
     pub(crate) next: AtomicU32,
-    /// (Z) Previous descriptor on a buddy free list (later also LRU, as `next`).
+    /// (Z) Previous descriptor on a buddy free list.
     pub(crate) prev: AtomicU32,
     /// (O) The owner's word; see the accessors for its meanings.
     pub(crate) private: AtomicU64,
