@@ -3,7 +3,7 @@
 //! the report directory and the optional JSON Lines file.
 
 use crate::compare;
-use crate::hostinfo;
+use crate::host::facts as host_facts;
 use crate::peers::VARIANTS;
 use crate::record::write_jsonl;
 use crate::report;
@@ -173,7 +173,7 @@ pub fn main() -> Result<()> {
             threads,
             wss_bytes,
             deadline_ms,
-        } => workloads::pmbench_kernel::child_main(threads, wss_bytes, deadline_ms),
+        } => workloads::pmbench::kernel::child_main(threads, wss_bytes, deadline_ms),
     }
 }
 
@@ -275,8 +275,8 @@ fn run(args: RunArgs) -> Result<()> {
         .unwrap_or(if args.quick { QUICK_MEMORY } else { MEMORY });
     let command: Vec<String> = std::env::args().collect();
     let command = command.join(" ");
-    let host = hostinfo::host();
-    let commit = hostinfo::commit();
+    let host = host_facts::host();
+    let commit = host_facts::commit();
     let mut params = serde_json::Map::new();
     params.insert("host".into(), host.clone().into());
     params.insert("command".into(), command.clone().into());
@@ -301,7 +301,7 @@ fn run(args: RunArgs) -> Result<()> {
             _ => None,
         },
     };
-    let facts: Vec<String> = hostinfo::describe(&host)
+    let facts: Vec<String> = host_facts::describe(&host)
         .into_iter()
         .map(|(k, v)| format!("{k} {v}"))
         .collect();

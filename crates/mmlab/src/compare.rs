@@ -6,7 +6,7 @@
 //! lacks shows `-`. Records of a workload whose name starts with `_` (header
 //! records) are skipped.
 
-use crate::hostinfo;
+use crate::host::facts as host_facts;
 use crate::record::Record;
 use crate::report::table::{decimals, grid_markdown, grid_text, Table};
 use crate::workloads;
@@ -239,7 +239,7 @@ fn provenance(run: &Run) -> String {
         .and_then(|p| p.get("host"))
         .and_then(|h| h.as_object())
     {
-        for (k, v) in hostinfo::describe(host) {
+        for (k, v) in host_facts::describe(host) {
             parts.push(format!("{k} {v}"));
         }
     }

@@ -4,12 +4,12 @@
 //! conditions. Also the timed multi-thread harness (`run_workers`) that the
 //! workloads use:
 //!
-//! 1. each thread builds its worker, pins itself to a CPU (thread i on the i-th
-//!    allowed CPU, round robin) and waits on a barrier with the main thread;
+//! 1. each thread (pinned by `phase::drive` to a CPU: thread i on the i-th
+//!    allowed CPU, round robin) builds its worker and waits on a barrier with
+//!    the main thread;
 //! 2. warmup: workers run, their ops are not counted;
-//! 3. the main thread snapshots the zone lock counters and the clock, flips the
-//!    phase to "measure", sleeps for the duration, flips it to "stop" and takes
-//!    the clock and the counters again;
+//! 3. the main thread snapshots the zone lock counters, measures for the
+//!    duration (`PhaseWord::measure_for`) and takes the counters again;
 //! 4. every worker counts its ops in a local counter; after the stop, the workers
 //!    meet on a second barrier (so nothing is still in flight between them) and
 //!    release what they hold.
@@ -17,17 +17,17 @@
 //! The result is total ops / elapsed, the lock counter delta and the number of
 //! failed allocations (out of memory is counted, never a panic).
 
+use crate::host::cpu;
 use crate::peers::Peer;
+use crate::phase::{self, Placement};
 use crate::record::Record;
 use crate::settings::Settings;
 use crate::workloads::{self, Workload};
 use anyhow::Result;
-use crossbeam_utils::CachePadded;
 use indicatif::{ProgressBar, ProgressStyle};
 use mmkit::LockStats;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Barrier;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long each measured point runs.
 #[derive(Clone, Copy, Debug)]
@@ -95,26 +95,6 @@ impl Measured {
     }
 }
 
-/// Phases of a point, as the workers read them: warm up, measure, stop.
-pub(crate) const WARMUP: u8 = 0;
-pub(crate) const MEASURE: u8 = 1;
-pub(crate) const STOP: u8 = 2;
-
-/// Steps `w` until the phase says stop; returns the ops counted while measuring.
-pub(crate) fn step_until_stop(w: &mut impl Worker, phase: &AtomicU8) -> u64 {
-    let mut ops = 0;
-    loop {
-        let ph = phase.load(Ordering::Relaxed);
-        if ph == STOP {
-            return ops;
-        }
-        let n = w.step();
-        if ph == MEASURE {
-            ops += n;
-        }
-    }
-}
-
 /// Runs `threads` workers built by `make(thread_index)` (on their own thread)
 /// with the warmup and measured interval of `timing`; see the module comment.
 pub fn run_workers<W, F>(peer: &Peer, threads: usize, timing: &Timing, make: F) -> Measured
@@ -123,75 +103,34 @@ where
     F: Fn(usize) -> W + Sync,
 {
     let threads = threads.max(1);
-    let phase = CachePadded::new(AtomicU8::new(WARMUP));
     let start = Barrier::new(threads + 1);
     let stopped = Barrier::new(threads);
-    let cpus = allowed_cpus();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|tid| {
-                let (phase, start, stopped, make, cpus) = (&phase, &start, &stopped, &make, &cpus);
-                s.spawn(move || {
-                    if !cpus.is_empty() {
-                        pin_to_cpu(cpus[tid % cpus.len()]);
-                    }
-                    let mut w = make(tid);
-                    start.wait();
-                    let ops = step_until_stop(&mut w, phase);
-                    stopped.wait();
-                    w.finish();
-                    (ops, w.failures())
-                })
-            })
-            .collect();
-        start.wait();
-        std::thread::sleep(timing.warmup);
-        let before = peer.lock_stats();
-        let t0 = Instant::now();
-        phase.store(MEASURE, Ordering::Relaxed);
-        std::thread::sleep(timing.duration);
-        phase.store(STOP, Ordering::Relaxed);
-        let elapsed = t0.elapsed();
-        let after = peer.lock_stats();
-        let (mut ops, mut failures) = (0, 0);
-        for h in handles {
-            let (o, f) = h.join().expect("worker thread panicked");
-            ops += o;
-            failures += f;
-        }
-        Measured {
-            ops,
-            elapsed,
-            lock: after.zip(before).map(|(a, b)| a.since(&b)),
-            failures,
-        }
-    })
-}
-
-/// The CPUs this process may run on (empty if unknown: then nothing is pinned).
-pub(crate) fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain data (all-zero is the empty set), and
-    // sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    }
-}
-
-/// Pins the calling thread to `cpu` (best effort: a refusal leaves it unpinned).
-pub(crate) fn pin_to_cpu(cpu: usize) {
-    // SAFETY: the set is plain data, built with CPU_ZERO/CPU_SET on a valid CPU
-    // index (< CPU_SETSIZE, it came from allowed_cpus); pid 0 is this thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_ZERO(&mut set);
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    let cpus = cpu::allowed_cpus();
+    let ((elapsed, lock), per_thread) = phase::drive(
+        vec![(); threads],
+        |tid| Placement::on(cpu::round_robin(&cpus, tid)),
+        |tid, (), word| {
+            let mut w = make(tid);
+            start.wait();
+            let ops = phase::step_until_stop(&mut w, word);
+            stopped.wait();
+            w.finish();
+            (ops, w.failures())
+        },
+        |word| {
+            start.wait();
+            std::thread::sleep(timing.warmup);
+            let before = peer.lock_stats();
+            let elapsed = word.measure_for(timing.duration);
+            let after = peer.lock_stats();
+            (elapsed, after.zip(before).map(|(a, b)| a.since(&b)))
+        },
+    );
+    Measured {
+        ops: per_thread.iter().map(|r| r.0).sum(),
+        elapsed,
+        lock,
+        failures: per_thread.iter().map(|r| r.1).sum(),
     }
 }
 

@@ -11,7 +11,7 @@
 use super::plot::{self, Kind};
 use super::table::{html_escape, Table};
 use super::RunInfo;
-use crate::hostinfo;
+use crate::host::facts as host_facts;
 use anyhow::Result;
 use std::fmt::Write as _;
 
@@ -64,7 +64,7 @@ pub fn page(info: &RunInfo, figures: &[String], sections: &[Section]) -> Result<
          <body data-check=\"pending\">\n<h1>mmlab report</h1>"
     )?;
     writeln!(h, "<h2>Run</h2>\n<table class=\"facts\">")?;
-    let mut facts = hostinfo::describe(info.host);
+    let mut facts = host_facts::describe(info.host);
     facts.push(("command".into(), info.command.to_string()));
     facts.push((
         "commit".into(),

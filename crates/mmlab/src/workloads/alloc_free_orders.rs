@@ -4,7 +4,7 @@
 //! allocation order. Exercises the per-order PCP lists, splitting and merging.
 //! An op is one alloc+free pair (of a block of any order).
 
-use super::alloc_free_batch::BatchLoop;
+use super::batch_loop::BatchLoop;
 use super::{standard_figures, Figure, Workload, XorShift};
 use crate::peers::Peer;
 use crate::runner::{run_workers, Timing};

@@ -5,10 +5,12 @@
 //! usemem task is a process; the kernel's threads share this process. An op is
 //! one page written; the figure is bytes written per second.
 
-use super::host::PAGE;
-use super::page_fault1::{build_preset, region_params, run_case};
-use super::space_loop::Access;
-use super::{arena_for, gb_per_sec, max_threads, Figure, Metric, Workload, ALLOC_FAILURES};
+use super::presets::build_fault_preset;
+use super::space_loop::{region_params, run_case, Access};
+use super::{
+    arena_for, gb_per_sec, max_threads, Figure, Metric, Workload, ALLOC_FAILURES, GB_PER_SEC,
+};
+use crate::host::mem::PAGE;
 use crate::peers::{Peer, VariantInfo};
 use crate::runner::{Config, Timing};
 use anyhow::Result;
@@ -18,16 +20,6 @@ use serde_json::{Map, Value};
 pub const REGION: usize = 256 << 20;
 /// The same with `--quick`.
 pub const QUICK_REGION: usize = 16 << 20;
-
-pub const GB_PER_SEC: Metric = Metric {
-    name: "gb_per_sec",
-    unit: "GB/s",
-    description: "bytes written per second, all threads summed, in 10^9 bytes (clear_huge: \
-                  bytes faulted in, or cleared, per second)",
-    higher_is_better: true,
-    mmkit_only: false,
-    hide_if_zero: false,
-};
 
 const METRICS: &[Metric] = &[GB_PER_SEC, ALLOC_FAILURES];
 
@@ -96,7 +88,7 @@ impl Workload for AnonWSeq {
     }
 
     fn build(&self, variant: &str, config: &Config) -> Result<Peer> {
-        build_preset(VARIANTS, variant, self.arena(config))
+        build_fault_preset(VARIANTS, variant, self.arena(config))
     }
 
     fn params_for(&self, config: &Config) -> Map<String, Value> {

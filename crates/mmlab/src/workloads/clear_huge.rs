@@ -38,11 +38,14 @@
 //! A case runs untimed passes for the warmup, then timed passes for the duration
 //! (at least `MIN_PASSES`); `gb_per_sec` is the median of the passes.
 
-use super::host::{
-    anon_huge_bytes, mmap_anon, now_ns, thp_mode, HostMap, HugetlbReservation, HUGE, MAP_HUGE_2MB,
-    PAGE,
+use super::{
+    arena_for, gb_per_sec, median, Figure, Metric, Workload, ALLOC_FAILURES, GB_PER_SEC, HUGE_PCT,
 };
-use super::{arena_for, gb_per_sec, median, Figure, Metric, Workload, ALLOC_FAILURES};
+use crate::host::facts::thp_mode;
+use crate::host::mem::{
+    anon_huge_bytes, mmap_anon, HostMap, HugetlbReservation, HUGE, MAP_HUGE_2MB, PAGE,
+};
+use crate::host::now_ns;
 use crate::peers::{Peer, VariantInfo};
 use crate::runner::{Config, Timing};
 use anyhow::{bail, Result};
@@ -66,16 +69,6 @@ pub const MIN_PASSES: usize = 3;
 /// Repetitions of the yield-gap measurement (the median is reported).
 pub const GAP_REPS: usize = 5;
 
-pub const HUGE_PCT: Metric = Metric {
-    name: "huge_pct",
-    unit: "%",
-    description: "share of the region that huge pages mapped: mmkit faults that installed an \
-                  order-9 page, the kernel's AnonHugePages (100 for hugetlb)",
-    higher_is_better: true,
-    mmkit_only: false,
-    hide_if_zero: false,
-};
-
 pub const MAX_YIELD_GAP_US: Metric = Metric {
     name: "max_yield_gap_us",
     unit: "us",
@@ -87,12 +80,7 @@ pub const MAX_YIELD_GAP_US: Metric = Metric {
     hide_if_zero: false,
 };
 
-const METRICS: &[Metric] = &[
-    super::anon_w_seq::GB_PER_SEC,
-    HUGE_PCT,
-    MAX_YIELD_GAP_US,
-    ALLOC_FAILURES,
-];
+const METRICS: &[Metric] = &[GB_PER_SEC, HUGE_PCT, MAX_YIELD_GAP_US, ALLOC_FAILURES];
 
 const VARIANTS: &[VariantInfo] = &[
     VariantInfo {
@@ -212,7 +200,7 @@ fn figures(case: &str, passes: &[Pass], failures: u64, huge: bool) -> Vec<Figure
     let mut out = Vec::new();
     let rates: Vec<f64> = passes.iter().map(|p| gb_per_sec(p.bytes, p.secs)).collect();
     if let Some(m) = median(&rates) {
-        out.push(Figure::new(super::anon_w_seq::GB_PER_SEC.name, m));
+        out.push(Figure::new(GB_PER_SEC.name, m));
         let region: f64 = passes.iter().map(|p| p.region).sum();
         let hb: f64 = passes.iter().map(|p| p.huge_bytes).sum();
         if huge && region > 0.0 {

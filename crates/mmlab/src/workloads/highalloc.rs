@@ -23,21 +23,22 @@
 //! (successful or not) at the median and the 99th percentile, the background
 //! threads' `faults_per_sec`, and the allocations they could not get.
 //!
-//! Variants: `mmkit` (lazy merging with merge on demand), `mmkit-eager` (merge on
-//! every free), `mmkit-nomerge` (lazy merging, no merge on demand). All three have
-//! the same compaction (direct and kcompactd) and clear pages the same way (auto),
-//! so the columns differ in the merging policy and its per-CPU list policies only.
+//! Variants: the merge presets (`presets`): `mmkit` (lazy merging with merge on
+//! demand), `mmkit-eager` (merge on every free), `mmkit-nomerge` (lazy merging,
+//! no merge on demand). All three have the same compaction (direct and
+//! kcompactd) and clear pages the same way (auto), so the columns differ in the
+//! merging policy and its per-CPU list policies only.
 
-use super::page_fault1::FAULTS_PER_SEC;
-use super::space_loop::{Access, MapAccessLoop, MmkitTarget};
-use super::{Figure, Metric, Workload, ALLOC_FAILURES};
+use super::presets::{build_merge_preset, MERGE_VARIANTS};
+use super::space_loop::{fill, Access, MapAccessLoop, MmkitTarget};
+use super::{Figure, Metric, Workload, ALLOC_FAILURES, FAULTS_PER_SEC};
 use crate::peers::{Peer, VariantInfo};
+use crate::phase::{self, Placement};
 use crate::runner::{Config, Timing, Worker};
-use anyhow::{bail, Result};
-use mmkit::{ClearStrategy, Gfp, MapFlags, Mm, Pfn, Space, Variant, PAGE_SIZE};
+use anyhow::Result;
+use mmkit::{Gfp, Pfn, PAGE_SIZE};
 use serde_json::{Map, Value};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Largest arena with `--quick` (a full run uses `--memory`, 1 GiB by default).
 pub const QUICK_ARENA: usize = 128 << 20;
@@ -89,37 +90,6 @@ const METRICS: &[Metric] = &[
     ALLOC_FAILURES,
 ];
 
-/// The variants of `highalloc` and `order0_thp_mix`.
-pub const VARIANTS: &[VariantInfo] = &[
-    VariantInfo {
-        name: "mmkit",
-        description: "mmkit defaults: lazy order-0 merging with merge on demand, cluster \
-                      refill, auto PCP high; direct compaction and kcompactd",
-    },
-    VariantInfo {
-        name: "mmkit-eager",
-        description: "eager merging on every free, page-by-page refill, fixed PCP high; the \
-                      same compaction",
-    },
-    VariantInfo {
-        name: "mmkit-nomerge",
-        description: "lazy order-0 merging without merge on demand (Linux's skip-merge patch \
-                      alone); the same compaction, without its merge step",
-    },
-];
-
-/// Builds a variant of `highalloc` / `order0_thp_mix`: its policy preset, clearing
-/// `Auto`, a prefaulted arena of `arena` bytes.
-pub fn build_variant(variant: &str, arena: usize) -> Result<Peer> {
-    let v = match variant {
-        "mmkit" => Variant::Mmkit,
-        "mmkit-eager" => Variant::MmkitEager,
-        "mmkit-nomerge" => Variant::MmkitNoMerge,
-        _ => bail!("unknown variant {variant:?} for this workload"),
-    };
-    Peer::create_mmkit(variant, v, arena, ClearStrategy::Auto)
-}
-
 /// Percentile `p` (0..=100) of sorted values (nearest rank); 0 when empty.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -127,22 +97,6 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-/// Maps `pct`% of the free memory in `s` and writes every page; returns the
-/// region (address, pages), or `None` when even that failed.
-pub fn fill(mm: &Mm, s: &Space, pct: u64) -> Option<(u64, u64)> {
-    mm.drain_all_pages();
-    let free = mm.nr_free_pages();
-    // One PTE table per 512 pages comes out of the same memory.
-    let pages = (free * pct / 100) * 512 / 513;
-    let a = s.mmap((pages * PAGE) as usize, MapFlags::empty()).ok()?;
-    // Page by page: an out-of-memory stops the fill where it is, not all of it.
-    let mut done = 0;
-    while done < pages && s.touch(a + done * PAGE, true).is_ok() {
-        done += 1;
-    }
-    Some((a, done))
 }
 
 pub struct HighAlloc;
@@ -162,10 +116,6 @@ fn arena(config: &Config) -> usize {
         config.memory
     }
 }
-
-const WARMUP: u8 = 0;
-const MEASURE: u8 = 1;
-const STOP: u8 = 2;
 
 impl Workload for HighAlloc {
     fn name(&self) -> &'static str {
@@ -187,7 +137,7 @@ impl Workload for HighAlloc {
     }
 
     fn own_variants(&self) -> Option<&'static [VariantInfo]> {
-        Some(VARIANTS)
+        Some(MERGE_VARIANTS)
     }
 
     fn mmkit_arena(&self, config: &Config) -> usize {
@@ -195,7 +145,7 @@ impl Workload for HighAlloc {
     }
 
     fn build(&self, variant: &str, config: &Config) -> Result<Peer> {
-        build_variant(variant, arena(config))
+        build_merge_preset(variant, arena(config))
     }
 
     fn params_for(&self, config: &Config) -> Map<String, Value> {
@@ -234,58 +184,44 @@ impl Workload for HighAlloc {
         let nr_req = (spare * DEMAND_PCT / 100 / 512).max(4) as usize;
         let interval = timing.duration / nr_req as u32;
 
-        let phase = AtomicU8::new(WARMUP);
-        let bg_ops = AtomicU64::new(0);
-        let bg_failures = AtomicU64::new(0);
         let mut lat_us: Vec<f64> = Vec::with_capacity(nr_req);
         let mut held: Vec<Pfn> = Vec::new();
-        let mut elapsed = Duration::ZERO;
-        std::thread::scope(|sc| {
-            for _ in 0..threads {
-                let (phase, bg_ops, bg_failures) = (&phase, &bg_ops, &bg_failures);
-                sc.spawn(move || {
-                    let t = mm.new_space().map_or(MmkitTarget::None, MmkitTarget::Own);
-                    let mut w = MapAccessLoop::new(t, region, Access::Touch);
-                    let mut ops = 0;
-                    loop {
-                        let ph = phase.load(Ordering::Relaxed);
-                        if ph == STOP {
-                            break;
+        let (elapsed, bg) = phase::drive(
+            vec![(); threads],
+            |_| Placement::anywhere(),
+            |_, (), word| {
+                let t = mm.new_space().map_or(MmkitTarget::None, MmkitTarget::Own);
+                let mut w = MapAccessLoop::new(t, region, Access::Touch);
+                let ops = phase::step_until_stop(&mut w, word);
+                w.finish();
+                (ops, w.failures())
+            },
+            |word| {
+                std::thread::sleep(timing.warmup);
+                word.measure(|t0| {
+                    for k in 0..nr_req {
+                        let due = t0 + interval * k as u32;
+                        let now = Instant::now();
+                        if due > now {
+                            std::thread::sleep(due - now);
                         }
-                        let n = w.step();
-                        if ph == MEASURE {
-                            ops += n;
+                        let t = Instant::now();
+                        let r = mm.alloc_pages(Gfp::MOVABLE | Gfp::NOWARN, 9);
+                        lat_us.push(t.elapsed().as_secs_f64() * 1e6);
+                        if let Ok(p) = r {
+                            held.push(p);
                         }
                     }
-                    w.finish();
-                    bg_ops.fetch_add(ops, Ordering::Relaxed);
-                    bg_failures.fetch_add(w.failures(), Ordering::Relaxed);
-                });
-            }
-            std::thread::sleep(timing.warmup);
-            phase.store(MEASURE, Ordering::Relaxed);
-            let t0 = Instant::now();
-            for k in 0..nr_req {
-                let due = t0 + interval * k as u32;
-                let now = Instant::now();
-                if due > now {
-                    std::thread::sleep(due - now);
-                }
-                let t = Instant::now();
-                let r = mm.alloc_pages(Gfp::MOVABLE | Gfp::NOWARN, 9);
-                lat_us.push(t.elapsed().as_secs_f64() * 1e6);
-                if let Ok(p) = r {
-                    held.push(p);
-                }
-            }
-            let end = t0 + timing.duration;
-            let now = Instant::now();
-            if end > now {
-                std::thread::sleep(end - now);
-            }
-            elapsed = t0.elapsed();
-            phase.store(STOP, Ordering::Relaxed);
-        });
+                    let end = t0 + timing.duration;
+                    let now = Instant::now();
+                    if end > now {
+                        std::thread::sleep(end - now);
+                    }
+                })
+            },
+        );
+        let bg_ops: u64 = bg.iter().map(|r| r.0).sum();
+        let bg_failures: u64 = bg.iter().map(|r| r.1).sum();
         let got = held.len();
         for p in held {
             let _ = mm.free_pages(p, 9);
@@ -299,12 +235,9 @@ impl Workload for HighAlloc {
             Figure::new(ALLOC_LATENCY_P99_US.name, percentile(&lat_us, 99.0)),
             Figure::new(
                 FAULTS_PER_SEC.name,
-                bg_ops.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64().max(1e-9),
+                bg_ops as f64 / elapsed.as_secs_f64().max(1e-9),
             ),
-            Figure::new(
-                ALLOC_FAILURES.name,
-                bg_failures.load(Ordering::Relaxed) as f64,
-            ),
+            Figure::new(ALLOC_FAILURES.name, bg_failures as f64),
         ]
     }
 }

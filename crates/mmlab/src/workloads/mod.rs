@@ -5,7 +5,13 @@
 //!
 //! Most workloads are a per-thread loop (`runner::Worker`) under
 //! `runner::run_workers`, and report the `STANDARD` metrics through
-//! `standard_figures`.
+//! `standard_figures`; those that time their own phases run them through
+//! `phase::drive`.
+//!
+//! A workload file imports only shared code, never another workload: what two
+//! workloads share lives in a file of its own here (`metrics`, `presets`,
+//! `space_loop`, `batch_loop`), in this file, or on the host side
+//! (`crate::host`).
 
 mod alloc_free;
 mod alloc_free_batch;
@@ -15,71 +21,26 @@ mod autonuma;
 mod clear_huge;
 mod cross_cpu_free;
 mod highalloc;
-pub mod host;
 mod order0_thp_mix;
 mod page_fault1;
 mod parallel_free;
-mod pmbench;
-pub mod pmbench_kernel;
+pub mod pmbench;
+
+mod batch_loop;
+mod metrics;
+mod presets;
 mod space_loop;
-mod swap_host;
+
+pub use metrics::{
+    Metric, ALLOC_FAILURES, FAULTS_PER_SEC, GB_PER_SEC, HUGE_PCT, OPS_PER_SEC,
+    ZONE_LOCK_ACQUISITIONS_PER_KOP, ZONE_LOCK_CONTENDED_PCT,
+};
 
 use crate::peers::{Peer, VariantInfo, VARIANTS};
 use crate::record::Record;
 use crate::runner::{Config, Measured, Timing};
 use anyhow::Result;
 use serde_json::{Map, Value};
-
-/// A named figure a workload reports. Names are stable (docs/lab.md).
-#[derive(Debug)]
-pub struct Metric {
-    pub name: &'static str,
-    pub unit: &'static str,
-    pub description: &'static str,
-    pub higher_is_better: bool,
-    /// Only mmkit variants report it (the others have no zone lock).
-    pub mmkit_only: bool,
-    /// Leave its table out of the report when every value is zero.
-    pub hide_if_zero: bool,
-}
-
-pub const OPS_PER_SEC: Metric = Metric {
-    name: "ops_per_sec",
-    unit: "1/s",
-    description: "operations per second, all threads summed (the workload says what an op is)",
-    higher_is_better: true,
-    mmkit_only: false,
-    hide_if_zero: false,
-};
-
-pub const ZONE_LOCK_CONTENDED_PCT: Metric = Metric {
-    name: "zone_lock_contended_pct",
-    unit: "%",
-    description: "zone lock acquisitions that found the lock held, in percent of all \
-                  acquisitions over the measured interval (0 if none)",
-    higher_is_better: false,
-    mmkit_only: true,
-    hide_if_zero: false,
-};
-
-pub const ZONE_LOCK_ACQUISITIONS_PER_KOP: Metric = Metric {
-    name: "zone_lock_acquisitions_per_kop",
-    unit: "1/kop",
-    description: "zone lock acquisitions per 1000 ops over the measured interval",
-    higher_is_better: false,
-    mmkit_only: true,
-    hide_if_zero: false,
-};
-
-pub const ALLOC_FAILURES: Metric = Metric {
-    name: "alloc_failures",
-    unit: "count",
-    description: "allocations that failed (out of memory) during the point, warmup included; \
-                  its table is shown only when some value is not zero",
-    higher_is_better: false,
-    mmkit_only: false,
-    hide_if_zero: true,
-};
 
 /// The metrics of a `run_workers` workload.
 pub const STANDARD: &[Metric] = &[

@@ -19,7 +19,7 @@
 //! half (will-it-scale's score); `huge_pct`, the share of the huge half's faults
 //! that got an order-9 page (over the measured interval); the allocations that
 //! failed; a half without threads (1 thread: no huge half) reports nothing.
-//! Variants as `highalloc`'s. The arena holds every thread's region plus
+//! Variants: the merge presets (`presets`), as `highalloc`'s. The arena holds every thread's region plus
 //! 64 MiB (`arena_for`), as `page_fault1`'s does.
 //!
 //! CPUs: with at least as many allowed CPUs as threads, thread *i* runs on the
@@ -29,17 +29,16 @@
 //! other half left it (a half whose threads park on the zone lock would otherwise
 //! lend its CPU to the other half).
 
-use super::clear_huge::HUGE_PCT;
-use super::highalloc::{build_variant, fill, VARIANTS};
-use super::space_loop::{Access, MapAccessLoop, MmkitTarget, Target};
-use super::{arena_for, max_threads, Figure, Metric, Workload, ALLOC_FAILURES};
+use super::presets::{build_merge_preset, MERGE_VARIANTS};
+use super::space_loop::{fill, Access, MapAccessLoop, MmkitTarget, Target};
+use super::{arena_for, max_threads, Figure, Metric, Workload, ALLOC_FAILURES, HUGE_PCT};
+use crate::host::cpu::allowed_cpus;
 use crate::peers::{Peer, VariantInfo};
-use crate::runner::{step_until_stop, Config, Timing, Worker, MEASURE, STOP, WARMUP};
+use crate::phase::{self, PhaseWord, Placement};
+use crate::runner::{Config, Timing, Worker};
 use anyhow::Result;
 use mmkit::{MapFlags, Space};
 use serde_json::{Map, Value};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::time::Instant;
 
 /// Region each thread maps per iteration (will-it-scale's page_fault1 size).
 pub const REGION: usize = 128 << 20;
@@ -101,38 +100,6 @@ impl Target for HugeTarget<'_> {
     }
 }
 
-/// The CPUs this process may run on (empty if unknown: nothing is pinned then).
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain data (all-zero is the empty set), and
-    // sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    }
-}
-
-/// Restricts the calling thread to `cpus` (best effort; empty: no change).
-fn pin_to(cpus: &[usize]) {
-    if cpus.is_empty() {
-        return;
-    }
-    // SAFETY: the set is plain data built with CPU_ZERO/CPU_SET on CPU indices
-    // below CPU_SETSIZE (they came from allowed_cpus); pid 0 is this thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_ZERO(&mut set);
-        for &c in cpus {
-            libc::CPU_SET(c, &mut set);
-        }
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
-
 /// The CPUs thread `tid` of `threads` (the first `n0` plain) may run on.
 fn cpus_for(cpus: &[usize], tid: usize, threads: usize, n0: usize) -> Vec<usize> {
     if cpus.is_empty() {
@@ -152,24 +119,12 @@ fn cpus_for(cpus: &[usize], tid: usize, threads: usize, n0: usize) -> Vec<usize>
     }
 }
 
-/// Spawns a named scoped thread (the names show in `perf` and `top`); runs `f`
-/// on a plain scoped thread if that is refused.
-fn spawn_named<'scope, F>(sc: &'scope std::thread::Scope<'scope, '_>, name: &str, f: F)
-where
-    F: FnOnce() + Send + 'scope,
-{
-    let b = std::thread::Builder::new().name(name.into());
-    if let Err(e) = b.spawn_scoped(sc, f) {
-        eprintln!("order0_thp_mix: cannot spawn a thread: {e}");
-    }
-}
-
 /// Runs `w` until the phase says stop, then lets it release what it holds;
-/// returns the ops counted while measuring.
-fn drive(w: &mut impl Worker, phase: &AtomicU8) -> u64 {
-    let ops = step_until_stop(w, phase);
+/// returns (ops counted while measuring, failed allocations).
+fn run_loop(mut w: impl Worker, word: &PhaseWord) -> (u64, u64) {
+    let ops = phase::step_until_stop(&mut w, word);
     w.finish();
-    ops
+    (ops, w.failures())
 }
 
 /// (faults that got an order-9 page, faults that fell back) of the huge spaces.
@@ -200,7 +155,7 @@ impl Workload for Order0ThpMix {
     }
 
     fn own_variants(&self) -> Option<&'static [VariantInfo]> {
-        Some(VARIANTS)
+        Some(MERGE_VARIANTS)
     }
 
     fn mmkit_arena(&self, config: &Config) -> usize {
@@ -208,7 +163,7 @@ impl Workload for Order0ThpMix {
     }
 
     fn build(&self, variant: &str, config: &Config) -> Result<Peer> {
-        build_variant(variant, self.arena(config))
+        build_merge_preset(variant, self.arena(config))
     }
 
     fn params_for(&self, config: &Config) -> Map<String, Value> {
@@ -237,44 +192,39 @@ impl Workload for Order0ThpMix {
         // 2. The two halves, each thread in its own space.
         let spaces: Vec<Space> = (0..threads).filter_map(|_| mm.new_space().ok()).collect();
         let (plain, huge) = spaces.split_at(n0.min(spaces.len()));
-        let phase = AtomicU8::new(WARMUP);
-        let (ops0, ops_h, failures) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
-        let mut elapsed = std::time::Duration::ZERO;
-        let (mut h0, mut h1) = ((0, 0), (0, 0));
         let cpus = allowed_cpus();
         let nthreads = plain.len() + huge.len();
-        std::thread::scope(|sc| {
-            for (tid, s) in plain.iter().enumerate() {
-                let (phase, ops, failures) = (&phase, &ops0, &failures);
-                let mine = cpus_for(&cpus, tid, nthreads, plain.len());
-                let body = move || {
-                    pin_to(&mine);
-                    let mut w = MapAccessLoop::new(MmkitTarget::Shared(s), len, Access::Touch);
-                    ops.fetch_add(drive(&mut w, phase), Ordering::Relaxed);
-                    failures.fetch_add(w.failures(), Ordering::Relaxed);
-                };
-                spawn_named(sc, "mix-order0", body);
-            }
-            for (i, s) in huge.iter().enumerate() {
-                let (phase, ops, failures) = (&phase, &ops_h, &failures);
-                let mine = cpus_for(&cpus, plain.len() + i, nthreads, plain.len());
-                let body = move || {
-                    pin_to(&mine);
-                    let mut w = MapAccessLoop::new(HugeTarget(s), len, Access::Touch);
-                    ops.fetch_add(drive(&mut w, phase), Ordering::Relaxed);
-                    failures.fetch_add(w.failures(), Ordering::Relaxed);
-                };
-                spawn_named(sc, "mix-thp", body);
-            }
-            std::thread::sleep(timing.warmup);
-            h0 = huge_counts(huge);
-            let t0 = Instant::now();
-            phase.store(MEASURE, Ordering::Relaxed);
-            std::thread::sleep(timing.duration);
-            phase.store(STOP, Ordering::Relaxed);
-            elapsed = t0.elapsed();
-            h1 = huge_counts(huge);
-        });
+        let ((elapsed, h0, h1), per_thread) = phase::drive(
+            vec![(); nthreads],
+            |tid| Placement {
+                cpus: cpus_for(&cpus, tid, nthreads, plain.len()),
+                name: Some(if tid < plain.len() {
+                    "mix-order0"
+                } else {
+                    "mix-thp"
+                }),
+            },
+            |tid, (), word| match plain.get(tid) {
+                Some(s) => run_loop(
+                    MapAccessLoop::new(MmkitTarget::Shared(s), len, Access::Touch),
+                    word,
+                ),
+                None => run_loop(
+                    MapAccessLoop::new(HugeTarget(&huge[tid - plain.len()]), len, Access::Touch),
+                    word,
+                ),
+            },
+            |word| {
+                std::thread::sleep(timing.warmup);
+                let h0 = huge_counts(huge);
+                let elapsed = word.measure_for(timing.duration);
+                (elapsed, h0, huge_counts(huge))
+            },
+        );
+        let (plain_runs, huge_runs) = per_thread.split_at(plain.len());
+        let ops0: u64 = plain_runs.iter().map(|r| r.0).sum();
+        let ops_h: u64 = huge_runs.iter().map(|r| r.0).sum();
+        let failures: u64 = per_thread.iter().map(|r| r.1).sum();
         drop(spaces);
         mm.wait_compaction_idle();
         let secs = elapsed.as_secs_f64().max(1e-9);
@@ -286,16 +236,15 @@ impl Workload for Order0ThpMix {
         };
         let mut out = Vec::new();
         if n0 > 0 {
-            let score = ops0.load(Ordering::Relaxed) as f64 / secs;
+            let score = ops0 as f64 / secs;
             out.push(Figure::new(ORDER0_SCORE.name, score));
         }
         if threads > n0 {
-            let score = ops_h.load(Ordering::Relaxed) as f64 / secs;
+            let score = ops_h as f64 / secs;
             out.push(Figure::new(THP_SCORE.name, score));
             out.push(Figure::new(HUGE_PCT.name, huge_pct));
         }
-        let failed = failures.load(Ordering::Relaxed) as f64;
-        out.push(Figure::new(ALLOC_FAILURES.name, failed));
+        out.push(Figure::new(ALLOC_FAILURES.name, failures as f64));
         out
     }
 }

@@ -15,15 +15,15 @@
 //! which skip the read for ownership and beat it; `clear-only-nt` is the same
 //! buffer cleared that way, the bound of that method.
 
-use super::host::thp_mode;
-use super::space_loop::{Access, ClearOnly, KernelTarget, MapAccessLoop, MmkitTarget};
+use super::presets::build_fault_preset;
+use super::space_loop::{region_params, run_case, Access};
 use super::{
-    arena_for, max_threads, Figure, Metric, Workload, ALLOC_FAILURES, ZONE_LOCK_CONTENDED_PCT,
+    arena_for, max_threads, Figure, Metric, Workload, ALLOC_FAILURES, FAULTS_PER_SEC,
+    ZONE_LOCK_CONTENDED_PCT,
 };
 use crate::peers::{Peer, VariantInfo};
-use crate::runner::{run_workers, Config, Measured, Timing};
-use anyhow::{bail, Result};
-use mmkit::{ClearStrategy, Variant};
+use crate::runner::{Config, Measured, Timing};
+use anyhow::Result;
 use serde_json::{Map, Value};
 
 /// Bytes each thread maps per iteration.
@@ -33,16 +33,6 @@ pub const QUICK_REGION: usize = 16 << 20;
 
 /// The cases, in table order.
 pub const CASES: [&str; 2] = ["shared", "per-thread"];
-
-pub const FAULTS_PER_SEC: Metric = Metric {
-    name: "faults_per_sec",
-    unit: "1/s",
-    description: "pages first written per second, all threads summed: each is one page fault \
-                  (clear-only: pages cleared)",
-    higher_is_better: true,
-    mmkit_only: false,
-    hide_if_zero: false,
-};
 
 const METRICS: &[Metric] = &[FAULTS_PER_SEC, ZONE_LOCK_CONTENDED_PCT, ALLOC_FAILURES];
 
@@ -87,29 +77,6 @@ fn region(quick: bool) -> usize {
     }
 }
 
-/// The policy preset and clearing strategy of an mmkit variant of this workload
-/// (also used by `anon_w_seq`).
-pub fn mmkit_preset(name: &str) -> Option<(Variant, ClearStrategy)> {
-    match name {
-        "mmkit" => Some((Variant::Mmkit, ClearStrategy::Auto)),
-        "mmkit-eager" => Some((Variant::MmkitEager, ClearStrategy::PageAtATime)),
-        "mmkit-nopcp" => Some((Variant::MmkitNoPcp, ClearStrategy::PageAtATime)),
-        _ => None,
-    }
-}
-
-/// Builds a variant of a workload whose mmkit variants are `mmkit_preset`s and
-/// whose other variants are `Native`, with an arena of `arena` bytes.
-pub fn build_preset(own: &'static [VariantInfo], variant: &str, arena: usize) -> Result<Peer> {
-    let Some(info) = own.iter().find(|v| v.name == variant) else {
-        bail!("unknown variant {variant:?} for this workload");
-    };
-    match mmkit_preset(variant) {
-        Some((v, clear)) => Peer::create_mmkit(variant, v, arena, clear),
-        None => Ok(Peer::Native(info.name)),
-    }
-}
-
 impl PageFault1 {
     fn arena(&self, config: &Config) -> usize {
         arena_for(max_threads(self, config) * region(config.timing.quick)).max(config.memory)
@@ -132,53 +99,6 @@ fn case_figures(m: &Measured, case: &str) -> Vec<Figure> {
         f.case = Some(case.to_string());
     }
     out
-}
-
-/// One case of a map / access / unmap workload on `peer` (shared by
-/// `anon_w_seq`): mmkit in one shared Space or one Space per thread, the kernel,
-/// or clear-only.
-pub fn run_case(
-    peer: &Peer,
-    threads: usize,
-    timing: &Timing,
-    len: usize,
-    how: Access,
-    shared: bool,
-) -> Measured {
-    match (peer.mm(), peer.native()) {
-        (Some(mm), _) if shared => {
-            let space = mm.new_space().ok();
-            run_workers(peer, threads, timing, |_| {
-                let t = space
-                    .as_ref()
-                    .map_or(MmkitTarget::None, MmkitTarget::Shared);
-                MapAccessLoop::new(t, len, how)
-            })
-        }
-        (Some(mm), _) => run_workers(peer, threads, timing, |_| {
-            let t = mm.new_space().map_or(MmkitTarget::None, MmkitTarget::Own);
-            MapAccessLoop::new(t, len, how)
-        }),
-        (None, Some("clear-only")) => {
-            run_workers(peer, threads, timing, |_| ClearOnly::new(len, false))
-        }
-        (None, Some("clear-only-nt")) => {
-            run_workers(peer, threads, timing, |_| ClearOnly::new(len, true))
-        }
-        _ => run_workers(peer, threads, timing, |_| {
-            MapAccessLoop::new(KernelTarget, len, how)
-        }),
-    }
-}
-
-/// The params of a map-access-unmap workload: bytes per thread's region, the
-/// mmkit arena, and the host's THP mode.
-pub fn region_params(region: usize, arena: usize) -> Map<String, Value> {
-    let mut p = Map::new();
-    p.insert("region_bytes".into(), (region as u64).into());
-    p.insert("memory_bytes".into(), (arena as u64).into());
-    p.insert("host_thp".into(), thp_mode().into());
-    p
 }
 
 impl Workload for PageFault1 {
@@ -209,7 +129,7 @@ impl Workload for PageFault1 {
     }
 
     fn build(&self, variant: &str, config: &Config) -> Result<Peer> {
-        build_preset(VARIANTS, variant, self.arena(config))
+        build_fault_preset(VARIANTS, variant, self.arena(config))
     }
 
     fn params_for(&self, config: &Config) -> Map<String, Value> {

@@ -6,8 +6,10 @@
 //! point is several repetitions (5; `--quick`: 3, after one untimed warmup
 //! repetition in a full run); the figure is their median.
 
-use super::host::{mmap_anon, thp_mode, PAGE};
+use super::presets::build_fault_preset;
 use super::{arena_for, gb_per_sec, median, Figure, Metric, Workload, ALLOC_FAILURES};
+use crate::host::facts::thp_mode;
+use crate::host::mem::{mmap_anon, PAGE};
 use crate::peers::{Peer, VariantInfo};
 use crate::runner::{Config, Timing};
 use anyhow::Result;
@@ -127,7 +129,7 @@ impl Workload for ParallelFree {
     }
 
     fn build(&self, variant: &str, config: &Config) -> Result<Peer> {
-        super::page_fault1::build_preset(VARIANTS, variant, self.arena(config))
+        build_fault_preset(VARIANTS, variant, self.arena(config))
     }
 
     fn params_for(&self, config: &Config) -> Map<String, Value> {

@@ -1,6 +1,8 @@
-//! The per-thread loop of `page_fault1` and `anon_w_seq`: map an anonymous
-//! region, access each 4 KiB page of it in address order (the first access of
-//! each is a page fault), unmap it, again. The same loop runs on an mmkit
+//! The map / access / unmap loop that `page_fault1`, `anon_w_seq`, `highalloc`
+//! and `order0_thp_mix` share: map an anonymous region, access each 4 KiB page
+//! of it in address order (the first access of each is a page fault), unmap it,
+//! again; one case of it under `run_workers` (`run_case`); and `fill`, which
+//! faults a share of an mmkit instance's free memory. The same loop runs on an mmkit
 //! `Space` and on this process's own memory through `libc::mmap`/`munmap`, so
 //! the kernel's numbers come from exactly what a C program runs.
 //!
@@ -8,11 +10,13 @@
 //! seen within a fraction of a millisecond; the mmap and munmap of a region fall
 //! into the steps that start and end it. An op is one page accessed.
 
-use super::host::{mmap_anon, HostMap, PAGE};
-use crate::runner::Worker;
+use crate::host::facts::thp_mode;
+use crate::host::mem::{mmap_anon, HostMap, HUGE, PAGE};
+use crate::peers::Peer;
+use crate::runner::{run_workers, Measured, Timing, Worker};
 use mmkit::mmkit_core::clear::{clear_page, clear_page_batch};
-use mmkit::ClearStrategy;
-use mmkit::Space;
+use mmkit::{ClearStrategy, MapFlags, Mm, Space};
+use serde_json::{Map, Value};
 
 /// Pages per step.
 pub const STEP_PAGES: usize = 512;
@@ -214,7 +218,7 @@ impl ClearOnly {
     /// A buffer of `len` bytes (rounded up to 2 MiB); without memory for it every
     /// step is a failure.
     pub fn new(len: usize, streaming: bool) -> ClearOnly {
-        let len = len.div_ceil(super::host::HUGE) * super::host::HUGE;
+        let len = len.div_ceil(HUGE) * HUGE;
         ClearOnly {
             buf: HostMap::huge_aligned(len, true).ok(),
             off: 0,
@@ -264,6 +268,69 @@ impl Worker for ClearOnly {
     fn failures(&self) -> u64 {
         u64::from(self.buf.is_none())
     }
+}
+
+/// One case of a map / access / unmap workload on `peer`: mmkit in one shared
+/// Space or one Space per thread, the kernel, or clear-only.
+pub fn run_case(
+    peer: &Peer,
+    threads: usize,
+    timing: &Timing,
+    len: usize,
+    how: Access,
+    shared: bool,
+) -> Measured {
+    match (peer.mm(), peer.native()) {
+        (Some(mm), _) if shared => {
+            let space = mm.new_space().ok();
+            run_workers(peer, threads, timing, |_| {
+                let t = space
+                    .as_ref()
+                    .map_or(MmkitTarget::None, MmkitTarget::Shared);
+                MapAccessLoop::new(t, len, how)
+            })
+        }
+        (Some(mm), _) => run_workers(peer, threads, timing, |_| {
+            let t = mm.new_space().map_or(MmkitTarget::None, MmkitTarget::Own);
+            MapAccessLoop::new(t, len, how)
+        }),
+        (None, Some("clear-only")) => {
+            run_workers(peer, threads, timing, |_| ClearOnly::new(len, false))
+        }
+        (None, Some("clear-only-nt")) => {
+            run_workers(peer, threads, timing, |_| ClearOnly::new(len, true))
+        }
+        _ => run_workers(peer, threads, timing, |_| {
+            MapAccessLoop::new(KernelTarget, len, how)
+        }),
+    }
+}
+
+/// The params of a map-access-unmap workload: bytes per thread's region, the
+/// mmkit arena, and the host's THP mode.
+pub fn region_params(region: usize, arena: usize) -> Map<String, Value> {
+    let mut p = Map::new();
+    p.insert("region_bytes".into(), (region as u64).into());
+    p.insert("memory_bytes".into(), (arena as u64).into());
+    p.insert("host_thp".into(), thp_mode().into());
+    p
+}
+
+/// Maps `pct`% of the free memory in `s` and writes every page; returns the
+/// region (address, pages), or `None` when even that failed.
+pub fn fill(mm: &Mm, s: &Space, pct: u64) -> Option<(u64, u64)> {
+    mm.drain_all_pages();
+    let free = mm.nr_free_pages();
+    // One PTE table per 512 pages comes out of the same memory.
+    let pages = (free * pct / 100) * 512 / 513;
+    let page = PAGE as u64;
+    let a = s.mmap((pages * page) as usize, MapFlags::empty()).ok()?;
+    // Page by page: an out-of-memory stops the fill where it is, not all of it.
+    let mut done = 0;
+    while done < pages && s.touch(a + done * page, true).is_ok() {
+        done += 1;
+    }
+    Some((a, done))
 }
 
 #[cfg(test)]

@@ -1,11 +1,14 @@
-//! The host side of the address-space workloads: anonymous mappings of this
-//! process (buffers for the raw loops, the kernel's own faults), the transparent
-//! huge page share of a mapping from /proc/self/smaps, hugetlb reservation through
-//! /proc/sys/vm/nr_hugepages, and a monotonic clock in nanoseconds.
+//! Host memory of this process, for the kernel sides of the address-space
+//! workloads: anonymous mappings (buffers for the raw loops, set up outside the
+//! measured loops), the transparent huge page share of a mapping from
+//! /proc/self/smaps, and 2 MiB hugetlb pages reserved through
+//! /proc/sys/vm/nr_hugepages.
 //!
 //! The kernel variants of the workloads call `libc::mmap`/`munmap` themselves, so
-//! that their loops are exactly what a C program runs; `HostMap` is for memory
-//! that is set up outside the measured loops.
+//! that their measured loops are exactly what a C program runs; `HostMap` is for
+//! memory that is set up outside them. Invariant: a `HostMap` owns its whole
+//! mapping and unmaps it on drop; a `HugetlbReservation` writes the old
+//! `nr_hugepages` back on drop.
 
 use std::io;
 use std::ptr::NonNull;
@@ -108,17 +111,6 @@ impl Drop for HostMap {
     }
 }
 
-/// Monotonic clock in ns (CLOCK_MONOTONIC), for `clear_chunked_timed`.
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// `AnonHugePages` (bytes) of the mapping of this process that starts at `addr`,
 /// from /proc/self/smaps; `None` if it cannot be read or no mapping starts there.
 pub fn anon_huge_bytes(addr: usize) -> Option<u64> {
@@ -195,19 +187,6 @@ impl Drop for HugetlbReservation {
     }
 }
 
-/// The transparent huge page mode of the host ("always", "madvise", "never"), for
-/// the records.
-pub fn thp_mode() -> String {
-    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .find(|w| w.starts_with('['))
-                .map(|w| w.trim_matches(|c| c == '[' || c == ']').to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,8 +215,5 @@ AnonHugePages:         0 kB
         unsafe { m.ptr().add(m.bytes() - 1).write(7) };
         assert!(m.ptr() as usize >= m.map.as_ptr() as usize + PAGE);
         assert!(anon_huge_bytes(m.ptr() as usize).is_some());
-        let t0 = now_ns();
-        assert!(now_ns() >= t0);
-        assert!(!thp_mode().is_empty());
     }
 }

@@ -8,22 +8,24 @@
 //!
 //! Variants: `mmkit` and its swap presets (`mmkit-swap-2019`, `-2020`, `-6.18`),
 //! and `kernel`, the same loop in a child process in a memory cgroup swapping to
-//! a loop device over tmpfs (`pmbench_kernel`, `swap_host`).
+//! a loop device over tmpfs (`kernel`, on `host::swap` and `host::child`).
 //!
-//! The access loop (`AccessLoop`) and the phase driver (`drive`) are shared by
-//! both sides: the driver's threads read one phase word (warmup, measure, stop)
-//! that a controller flips; they count accesses and time one access in
-//! `SAMPLE_EVERY` only while measuring. An op is one 4-byte access.
+//! The access loop (`AccessLoop`) and `run_loops` are shared by both sides:
+//! `run_loops` runs a loop per working set through `phase::drive`, whose
+//! threads read one phase word (warmup, measure, stop) that a controller
+//! flips; they count accesses and time one access in `SAMPLE_EVERY` only while
+//! measuring. An op is one 4-byte access.
 
-use super::host::now_ns;
+pub mod kernel;
+
 use super::{Figure, Metric, Workload, XorShift};
+use crate::host::{cpu, now_ns};
 use crate::peers::{Peer, VariantInfo};
-use crate::runner::{self, Config, Timing};
-use crossbeam_utils::CachePadded;
+use crate::phase::{self, Phase, PhaseWord, Placement};
+use crate::runner::{Config, Timing};
 use hdrhistogram::Histogram;
 use mmkit::{ClearStrategy, LockStats, Mm, Space, SwapDevice, Variant, VmEvent};
 use serde_json::{Map, Value};
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 /// The working sets together, in arenas.
@@ -283,11 +285,6 @@ impl<M: Memory> AccessLoop<M> {
     }
 }
 
-/// The phases of a point, as the threads read them.
-pub const WARMUP: u8 = 0;
-pub const MEASURE: u8 = 1;
-pub const STOP: u8 = 2;
-
 /// What the threads of one point did while measuring.
 #[derive(Clone, Debug, Default)]
 pub struct Outcome {
@@ -299,73 +296,63 @@ pub struct Outcome {
     pub samples: Vec<u32>,
 }
 
-/// Runs an `AccessLoop` per memory on its own (pinned) thread while `control`
-/// flips the phase to `MEASURE` and then `STOP`; `control` returns the measured
-/// interval. Counts only what was done while measuring.
-pub fn drive<M: Memory + Send>(
+/// Runs an `AccessLoop` per memory on its own thread (thread i on the i-th
+/// allowed CPU, round robin) while `control` moves the phase to `Measure` and
+/// then `Stop`; `control` returns the measured interval. Counts only what was
+/// done while measuring.
+pub fn run_loops<M: Memory + Send>(
     mems: Vec<M>,
     seed: u64,
-    control: impl FnOnce(&AtomicU8) -> Duration,
+    control: impl FnOnce(&PhaseWord) -> Duration,
 ) -> Outcome {
-    let phase = CachePadded::new(AtomicU8::new(WARMUP));
-    let cpus = runner::allowed_cpus();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = mems
-            .into_iter()
-            .enumerate()
-            .map(|(i, mem)| {
-                let (phase, cpus) = (&phase, &cpus);
-                s.spawn(move || {
-                    if !cpus.is_empty() {
-                        runner::pin_to_cpu(cpus[i % cpus.len()]);
-                    }
-                    let mut lp = AccessLoop::new(mem, seed.wrapping_add(i as u64 * 7919));
-                    let (mut acc, mut r0, mut w0, mut f0) = (0, 0, 0, 0);
-                    let mut measuring = false;
-                    loop {
-                        let ph = phase.load(Ordering::Relaxed);
-                        if ph == STOP {
-                            break;
-                        }
-                        if ph == MEASURE && !measuring {
-                            measuring = true;
-                            (r0, w0, f0) = (lp.reads, lp.writes, lp.failures);
-                        }
-                        let n = lp.batch(BATCH, measuring);
-                        if measuring {
-                            acc += n;
-                        }
-                    }
-                    if !measuring {
-                        (r0, w0, f0) = (lp.reads, lp.writes, lp.failures);
-                    }
-                    Outcome {
-                        accesses: acc,
-                        reads: lp.reads - r0,
-                        writes: lp.writes - w0,
-                        failures: lp.failures - f0,
-                        elapsed: Duration::ZERO,
-                        samples: lp.samples,
-                    }
-                })
-            })
-            .collect();
-        let elapsed = control(&phase);
-        phase.store(STOP, Ordering::Relaxed);
-        let mut out = Outcome {
-            elapsed,
-            ..Outcome::default()
-        };
-        for h in handles {
-            let o = h.join().expect("pmbench thread panicked");
-            out.accesses += o.accesses;
-            out.reads += o.reads;
-            out.writes += o.writes;
-            out.failures += o.failures;
-            out.samples.extend(o.samples);
-        }
-        out
-    })
+    let cpus = cpu::allowed_cpus();
+    let (elapsed, outs) = phase::drive(
+        mems,
+        |i| Placement::on(cpu::round_robin(&cpus, i)),
+        |i, mem, word| {
+            let mut lp = AccessLoop::new(mem, seed.wrapping_add(i as u64 * 7919));
+            let (mut acc, mut r0, mut w0, mut f0) = (0, 0, 0, 0);
+            let mut measuring = false;
+            loop {
+                let ph = word.get();
+                if ph == Phase::Stop {
+                    break;
+                }
+                if ph == Phase::Measure && !measuring {
+                    measuring = true;
+                    (r0, w0, f0) = (lp.reads, lp.writes, lp.failures);
+                }
+                let n = lp.batch(BATCH, measuring);
+                if measuring {
+                    acc += n;
+                }
+            }
+            if !measuring {
+                (r0, w0, f0) = (lp.reads, lp.writes, lp.failures);
+            }
+            Outcome {
+                accesses: acc,
+                reads: lp.reads - r0,
+                writes: lp.writes - w0,
+                failures: lp.failures - f0,
+                elapsed: Duration::ZERO,
+                samples: lp.samples,
+            }
+        },
+        control,
+    );
+    let mut out = Outcome {
+        elapsed,
+        ..Outcome::default()
+    };
+    for o in outs {
+        out.accesses += o.accesses;
+        out.reads += o.reads;
+        out.writes += o.writes;
+        out.failures += o.failures;
+        out.samples.extend(o.samples);
+    }
+    out
 }
 
 /// Steadiness of swapping from the cumulative swap-in and swap-out counters
@@ -585,16 +572,12 @@ pub fn run_mmkit(
         .map_err(|e| format!("mapping the working sets: {e}"))?;
     let mut swap = (0, 0, 0.0);
     let mut pcts = None;
-    let o = drive(mems, 0x5eed, |phase| {
+    let o = run_loops(mems, 0x5eed, |word| {
         if !warm_up(plan, &counters, || true) {
             eprintln!("note: pmbench mmkit: swapping not steady after the maximum warmup");
         }
         let (c0, l0) = (counters(), locks());
-        let t0 = Instant::now();
-        phase.store(MEASURE, Ordering::Relaxed);
-        std::thread::sleep(plan.duration);
-        phase.store(STOP, Ordering::Relaxed);
-        let e = t0.elapsed();
+        let e = word.measure_for(plan.duration);
         let (c1, l1) = (counters(), locks());
         swap = (c1.0 - c0.0, c1.1 - c0.1, e.as_secs_f64());
         pcts = l1.zip(l0).map(|(a, b)| a.pcts_since(&b));
@@ -717,11 +700,11 @@ impl Workload for Pmbench {
                     || Some(SwapLocks::of(mm)),
                 )
             }),
-            (None, "kernel") if timing.quick && !super::swap_host::host_swap_opted_in() => Err(
+            (None, "kernel") if timing.quick && !crate::host::swap::opted_in() => Err(
                 "not under --quick: it turns swap on for the whole host (set MMLAB_HOST_SWAP=1 to run it)"
                     .to_string(),
             ),
-            (None, "kernel") => super::pmbench_kernel::run_point(threads, a, &plan),
+            (None, "kernel") => kernel::run_point(threads, a, &plan),
             (None, _) => Err(format!("unknown variant {name}")),
         };
         r.unwrap_or_else(|why| {
@@ -737,5 +720,4 @@ impl Workload for Pmbench {
 }
 
 #[cfg(test)]
-#[path = "pmbench_tests.rs"]
 mod tests;

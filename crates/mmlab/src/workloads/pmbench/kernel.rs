@@ -1,6 +1,6 @@
 //! `pmbench`'s `kernel` variant: the access loop in a child process (this binary
-//! again, hidden subcommand `pmbench-child`) inside a memory cgroup, swapping to a
-//! loop device over tmpfs (`swap_host`).
+//! again, hidden subcommand `pmbench-child`, run by `host::child`) inside a
+//! memory cgroup, swapping to a loop device over tmpfs (`host::swap`).
 //!
 //! The protocol, one text line per message:
 //! - parent -> child (stdin): `start` (the child is in its cgroup: map and run),
@@ -9,23 +9,19 @@
 //!   `result <accesses> <reads> <writes> <failures> <elapsed_ns>` and
 //!   `samples <ns> <ns> ...` (the timed accesses), then `done`.
 //!
-//! Everything is bounded: the parent waits for each line with a timeout and kills
-//! the child on any failure; the child dies with the parent (`PR_SET_PDEATHSIG`)
-//! and exits on its own at its deadline. The parent takes the swap rates from the
+//! Everything is bounded (`host::child`): the parent waits for each line with a
+//! timeout and kills the child on any failure; the child dies with the parent
+//! (`PR_SET_PDEATHSIG`) and exits on its own at its deadline. The parent takes the swap rates from the
 //! host's /proc/vmstat over the measured interval, and tears the device and the
 //! cgroup down after the child is gone (`HostSwap`'s drop, also on error).
 
-use super::host::{mmap_anon, PAGE};
-use super::pmbench::{
-    drive, figures, swap_bytes, warm_up, wss_per_thread, Memory, Plan, MEASURE, STOP,
-};
-use super::swap_host::{send_line, vmstat_swap, HostSwap};
-use super::Figure;
-use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError};
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::Ordering;
+use super::{figures, run_loops, swap_bytes, warm_up, wss_per_thread, Memory, Outcome, Plan};
+use crate::host::child::{child_exe, child_setup, send_line, ChildProc};
+use crate::host::facts::vmstat_swap;
+use crate::host::mem::{mmap_anon, PAGE};
+use crate::host::swap::HostSwap;
+use crate::workloads::Figure;
+use std::io::BufRead;
 use std::time::{Duration, Instant};
 
 /// The hidden subcommand that runs the child.
@@ -70,13 +66,7 @@ impl Drop for HostMem {
 /// The child: `threads` working sets of `wss` bytes, driven by the parent's
 /// lines; exits by itself after `deadline_ms`.
 pub fn child_main(threads: usize, wss: usize, deadline_ms: u64) -> anyhow::Result<()> {
-    // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number; no memory involved.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(deadline_ms));
-        eprintln!("pmbench-child: deadline of {deadline_ms} ms reached, exiting");
-        std::process::exit(3);
-    });
+    child_setup(CHILD_COMMAND, Duration::from_millis(deadline_ms));
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     let mut next = move || lines.next().and_then(|l| l.ok()).unwrap_or_default();
@@ -102,21 +92,13 @@ pub fn child_main(threads: usize, wss: usize, deadline_ms: u64) -> anyhow::Resul
         })
         .collect::<std::io::Result<Vec<_>>>()?;
     let mut out = std::io::stdout().lock();
-    let o = drive(mems, u64::from(std::process::id()), |phase| {
+    let o = run_loops(mems, u64::from(std::process::id()), |word| {
         let _ = send_line(&mut out, "ready");
-        let mut t0 = None;
-        loop {
-            match next().trim() {
-                "measure" => {
-                    t0 = Some(Instant::now());
-                    phase.store(MEASURE, Ordering::Relaxed);
-                }
-                _ => {
-                    phase.store(STOP, Ordering::Relaxed);
-                    return t0.map_or(Duration::ZERO, |t| t.elapsed());
-                }
-            }
+        if next().trim() != "measure" {
+            return Duration::ZERO; // `stop` or end of input before measuring
         }
+        // Measured until `stop` (or anything else, or end of input).
+        word.measure(|_| while next().trim() == "measure" {})
     });
     send_line(
         &mut out,
@@ -140,106 +122,8 @@ pub fn child_main(threads: usize, wss: usize, deadline_ms: u64) -> anyhow::Resul
     Ok(())
 }
 
-/// The mmlab binary to run the child from: this executable, or (under `cargo
-/// test`, whose executable is the test harness) the `mmlab` binary beside it.
-fn child_exe() -> Result<PathBuf, String> {
-    let me = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    if !cfg!(test) {
-        return Ok(me);
-    }
-    let bin = me
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|d| d.join("mmlab"))
-        .filter(|p| p.exists());
-    bin.ok_or_else(|| "the mmlab binary is not built (cargo build -p mmlab)".into())
-}
-
-/// A child that is killed and reaped when dropped. Every wait is bounded: a
-/// child with a thread stuck in the kernel (D state) cannot be reaped, and is
-/// left behind with a warning rather than hanging the lab.
-struct ChildGuard {
-    child: Child,
-    reaped: bool,
-}
-
-/// How long a killed child may take to be reaped.
-const REAP_LIMIT: Duration = Duration::from_secs(5);
-
-impl ChildGuard {
-    /// Polls for the child's exit for up to `limit`; true once reaped.
-    fn reap(&mut self, limit: Duration) -> bool {
-        let t0 = Instant::now();
-        while !self.reaped {
-            match self.child.try_wait() {
-                Ok(Some(_)) | Err(_) => self.reaped = true,
-                Ok(None) if t0.elapsed() >= limit => break,
-                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-            }
-        }
-        self.reaped
-    }
-
-    /// Waits up to `limit` for the child to exit, then kills it.
-    fn finish(&mut self, limit: Duration) {
-        if !self.reap(limit) {
-            let _ = self.child.kill();
-            if !self.reap(REAP_LIMIT) {
-                eprintln!(
-                    "warning: pmbench kernel: child {} does not exit (stuck in the kernel); left",
-                    self.child.id()
-                );
-            }
-        }
-    }
-
-    fn alive(&mut self) -> bool {
-        !self.reap(Duration::ZERO)
-    }
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        self.finish(Duration::ZERO);
-    }
-}
-
-/// The child's stdout as a channel of lines (a reader thread that ends with it).
-fn line_channel(child: &mut Child) -> Result<Receiver<String>, String> {
-    let out = child.stdout.take().ok_or("the child has no stdout pipe")?;
-    let (tx, rx) = unbounded();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    Ok(rx)
-}
-
-/// The next line from the child, within `limit`.
-fn expect_line(rx: &Receiver<String>, prefix: &str, limit: Duration) -> Result<String, String> {
-    match rx.recv_timeout(limit) {
-        Ok(l) if l.starts_with(prefix) => Ok(l),
-        Ok(l) => Err(format!("the child said {l:?}, expected {prefix:?}")),
-        Err(RecvTimeoutError::Timeout) => Err(format!(
-            "no {prefix:?} from the child within {} s",
-            limit.as_secs()
-        )),
-        Err(RecvTimeoutError::Disconnected) => Err(format!(
-            "the child exited before {prefix:?} (killed by the OOM killer?)"
-        )),
-    }
-}
-
-fn tell(stdin: &mut ChildStdin, line: &str) -> Result<(), String> {
-    send_line(stdin, line).map_err(|e| format!("writing {line:?} to the child: {e}"))
-}
-
 /// Parses `result <accesses> <reads> <writes> <failures> <elapsed_ns>`.
-pub fn parse_result(line: &str) -> Option<super::pmbench::Outcome> {
+pub fn parse_result(line: &str) -> Option<Outcome> {
     let v: Vec<u64> = line
         .strip_prefix("result ")?
         .split_whitespace()
@@ -248,7 +132,7 @@ pub fn parse_result(line: &str) -> Option<super::pmbench::Outcome> {
     let [accesses, reads, writes, failures, ns] = v[..] else {
         return None;
     };
-    Some(super::pmbench::Outcome {
+    Some(Outcome {
         accesses,
         reads,
         writes,
@@ -290,31 +174,22 @@ fn measure(
     wss: usize,
     plan: &Plan,
 ) -> Result<Vec<Figure>, String> {
-    let fill = Duration::from_secs((threads * wss) as u64 / (64 << 20));
-    let deadline = fill + plan.max_warmup + plan.duration + 3 * LINE_TIMEOUT;
-    let child = Command::new(exe)
-        .arg(CHILD_COMMAND)
-        .arg(threads.to_string())
-        .arg(wss.to_string())
-        .arg(deadline.as_millis().to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting {}: {e}", exe.display()))?;
-    let mut g = ChildGuard {
-        child,
-        reaped: false,
-    };
-    let rx = line_channel(&mut g.child)?;
-    let mut stdin = g.child.stdin.take().ok_or("the child has no stdin pipe")?;
-    let cg = hs.cgroup.as_ref().ok_or("no cgroup")?;
-    cg.add(g.child.id())?;
-    tell(&mut stdin, "start")?;
     // Filling the working sets swaps them out once: at least 64 MiB/s.
     let fill = Duration::from_secs((threads * wss) as u64 / (64 << 20));
-    expect_line(&rx, "ready", LINE_TIMEOUT + fill)?;
-    let steady = warm_up(plan, vmstat_swap, || !rx.is_empty() || g.alive());
-    if !g.alive() {
+    let deadline = fill + plan.max_warmup + plan.duration + 3 * LINE_TIMEOUT;
+    let args = [
+        CHILD_COMMAND.to_string(),
+        threads.to_string(),
+        wss.to_string(),
+        deadline.as_millis().to_string(),
+    ];
+    let mut c = ChildProc::spawn(exe, &args, "pmbench kernel")?;
+    let cg = hs.cgroup.as_ref().ok_or("no cgroup")?;
+    cg.add(c.id())?;
+    c.tell("start")?;
+    c.expect("ready", LINE_TIMEOUT + fill)?;
+    let steady = warm_up(plan, vmstat_swap, || c.has_output() || c.alive());
+    if !c.alive() {
         return Err("the child died during the warmup (killed by the OOM killer?)".into());
     }
     if !steady {
@@ -326,18 +201,18 @@ fn measure(
     }
     let v0 = vmstat_swap();
     let t0 = Instant::now();
-    tell(&mut stdin, "measure")?;
+    c.tell("measure")?;
     std::thread::sleep(plan.duration);
-    tell(&mut stdin, "stop")?;
+    c.tell("stop")?;
     let secs = t0.elapsed().as_secs_f64();
     let v1 = vmstat_swap();
-    let res = expect_line(&rx, "result", LINE_TIMEOUT)?;
+    let res = c.expect("result", LINE_TIMEOUT)?;
     let mut o = parse_result(&res).ok_or_else(|| format!("bad result line {res:?}"))?;
-    let s = expect_line(&rx, "samples", LINE_TIMEOUT)?;
+    let s = c.expect("samples", LINE_TIMEOUT)?;
     o.samples = parse_samples(&s).ok_or("bad samples line")?;
-    expect_line(&rx, "done", LINE_TIMEOUT)?;
-    drop(stdin);
-    g.finish(LINE_TIMEOUT);
+    c.expect("done", LINE_TIMEOUT)?;
+    c.close_stdin();
+    c.finish(LINE_TIMEOUT);
     if o.accesses == 0 {
         return Err("the child made no access while measuring".into());
     }
@@ -362,13 +237,13 @@ mod tests {
 
     /// Nothing named after this process is on the host.
     fn nothing_of_ours_left() {
-        let me = format!("{}{}-", super::super::swap_host::PREFIX, std::process::id());
+        let me = format!("{}{}-", crate::host::PREFIX, std::process::id());
         // No loop device (so no swap device) over a file of ours.
-        let loops = super::super::swap_host::our_loops();
+        let loops = crate::host::swap::our_loops();
         assert!(loops.iter().all(|(_, f)| !f.contains(&me)), "{loops:?}");
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         assert!(!mounts.contains(&me), "a tmpfs of ours is still mounted");
-        let run = std::fs::read_dir(super::super::swap_host::MOUNT_BASE).unwrap();
+        let run = std::fs::read_dir(crate::host::swap::MOUNT_BASE).unwrap();
         assert!(run
             .flatten()
             .all(|e| !e.file_name().to_string_lossy().starts_with(&me)));
@@ -377,7 +252,7 @@ mod tests {
     /// A small kernel point: it measures (or says why not) and leaves nothing.
     #[test]
     fn kernel_point_measures_and_tears_down() {
-        if !super::super::swap_host::host_swap_opted_in() {
+        if !crate::host::swap::opted_in() {
             eprintln!("skipped: set MMLAB_HOST_SWAP=1 to set up swap on this host");
             return;
         }

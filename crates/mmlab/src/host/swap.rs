@@ -1,40 +1,45 @@
-//! The host side of `pmbench`'s `kernel` variant: a RAM-backed swap device and a
-//! memory cgroup on this machine, set up for one point and torn down after it.
+//! A RAM-backed swap device on this host, with the memory cgroup that makes a
+//! process swap to it, set up for one measurement and torn down after it:
 //!
-//! - a file on a tmpfs of its own, mounted for the point at `/run/<name>` (with
-//!   `noswap` where the kernel has it; never the shared `/dev/shm`, whose
-//!   directory lock a stuck device would take hostage), allocated in full up front (so that swap-out
-//!   never allocates tmpfs pages, and they are charged to the lab, not to the
-//!   cgroup) and mlocked through a shared mapping for as long as it is a swap
-//!   device, with a swap header written here (no `mkswap` needed). The mlock is
-//!   essential: tmpfs pages are swappable, and a page of the device's own file
-//!   swapped out to the device deadlocks the loop worker that must write it
-//!   (it waits for the page's writeback, which is queued behind itself);
+//! - a file on a tmpfs of its own, mounted at `/run/<name>` (with `noswap`
+//!   where the kernel has it; never the shared `/dev/shm`, whose directory lock
+//!   a stuck device would take hostage), allocated in full up front (so that
+//!   swap-out never allocates tmpfs pages, and they are charged to the lab, not
+//!   to the cgroup) and mlocked through a shared mapping for as long as it is a
+//!   swap device, with a swap header written here (no `mkswap` needed). The
+//!   mlock is essential: tmpfs pages are swappable, and a page of the device's
+//!   own file swapped out to the device deadlocks the loop worker that must
+//!   write it (it waits for the page's writeback, which is queued behind
+//!   itself);
 //! - a loop device over it (the `LOOP_CTL_GET_FREE` / `LOOP_SET_FD` ioctls, with
 //!   autoclear, so it detaches when its last user closes it);
 //! - `swapon(2)` on the loop device at the highest priority;
-//! - a memory cgroup limited to the arena's size: v1 (`memory.limit_in_bytes`,
-//!   swap left unlimited) or v2 (`memory.max`, `memory.swap.max = max`).
+//! - a memory cgroup limited to the caller's size (`super::cgroup`).
 //!
-//! Invariants: every object is named `mmlab-pmbench-<pid>-<n>` (file, loop
-//! backing file, cgroup), where `<pid>` is the lab process that made it, so that
-//! `clean_leftovers` can remove what a crashed run left behind (objects whose
-//! pid is no longer alive) without touching a concurrent run's. `HostSwap::drop`
-//! tears down in reverse order: cgroup, swapoff, loop detach, unlock, file. A
-//! loop device whose I/O no longer completes is never swapped off (that would
-//! hang in the kernel for good): it is left with a message instead.
+//! Use: `HostSwap::unavailable()` says why this host cannot (not root, no loop
+//! devices, a stuck swap device, no memory cgroup) before anything is made;
+//! `HostSwap::create` cleans up a crashed run's leftovers and makes a fresh
+//! device and cgroup; `teardown` (or drop) removes them. Nothing turns swap on
+//! outside a full run unless `opted_in()` (`MMLAB_HOST_SWAP=1`).
+//!
+//! Invariants: every object is named by `super::fresh_name` (file, loop backing
+//! file, mount point, cgroup), so that `clean_leftovers` removes what a crashed
+//! run left behind (owner pid no longer alive) without touching a concurrent
+//! run's. `HostSwap::teardown` goes in reverse order: cgroup, swapoff, loop
+//! detach, unlock, file, tmpfs. A loop device whose I/O no longer completes is
+//! never swapped off (that would hang in the kernel for good): it is left with a
+//! message instead, and so is everything of its name.
 
+use super::cgroup::{self, Cgroup, CgroupRoot};
+use super::{fresh_name, is_leftover, PREFIX};
 use std::ffi::CString;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// The prefix of every object's name.
-pub const PREFIX: &str = "mmlab-pmbench-";
 /// Where each point's tmpfs is mounted (`/run/<name>`).
 pub const MOUNT_BASE: &str = "/run";
 
@@ -66,140 +71,6 @@ struct LoopInfo64 {
     lo_init: [u64; 2],
 }
 
-/// The memory cgroup hierarchy of this host.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CgroupRoot {
-    V1(PathBuf),
-    V2(PathBuf),
-}
-
-impl CgroupRoot {
-    /// The memory controller's hierarchy from /proc/self/mountinfo: a v1 mount
-    /// with the `memory` option, else a v2 mount offering `memory`.
-    pub fn find() -> Result<CgroupRoot, String> {
-        let info = fs::read_to_string("/proc/self/mountinfo")
-            .map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
-        let mut v2 = None;
-        for line in info.lines() {
-            let Some((pre, post)) = line.split_once(" - ") else {
-                continue;
-            };
-            let Some(mnt) = pre.split(' ').nth(4) else {
-                continue;
-            };
-            let mut post = post.split(' ');
-            let fstype = post.next().unwrap_or("");
-            let superopts = post.nth(1).unwrap_or("");
-            if fstype == "cgroup" && superopts.split(',').any(|o| o == "memory") {
-                return Ok(CgroupRoot::V1(PathBuf::from(mnt)));
-            }
-            if fstype == "cgroup2" && v2.is_none() {
-                let ctl = fs::read_to_string(Path::new(mnt).join("cgroup.controllers"));
-                if ctl.is_ok_and(|c| c.split_whitespace().any(|x| x == "memory")) {
-                    v2 = Some(CgroupRoot::V2(PathBuf::from(mnt)));
-                }
-            }
-        }
-        v2.ok_or_else(|| "no memory cgroup controller mounted (v1 or v2)".to_string())
-    }
-
-    pub fn dir(&self) -> &Path {
-        match self {
-            CgroupRoot::V1(p) | CgroupRoot::V2(p) => p,
-        }
-    }
-}
-
-/// A memory cgroup of ours, removed on drop.
-pub struct Cgroup {
-    pub dir: PathBuf,
-}
-
-fn write_file(path: &Path, value: &str) -> Result<(), String> {
-    fs::write(path, value).map_err(|e| format!("writing {value:?} to {}: {e}", path.display()))
-}
-
-impl Cgroup {
-    /// Creates cgroup `name` limited to `limit` bytes of memory, swap unlimited.
-    pub fn create(root: &CgroupRoot, name: &str, limit: u64) -> Result<Cgroup, String> {
-        if let CgroupRoot::V2(r) = root {
-            let sub = fs::read_to_string(r.join("cgroup.subtree_control")).unwrap_or_default();
-            if !sub.split_whitespace().any(|c| c == "memory") {
-                write_file(&r.join("cgroup.subtree_control"), "+memory")?;
-            }
-        }
-        let dir = root.dir().join(name);
-        fs::create_dir(&dir).map_err(|e| format!("creating cgroup {}: {e}", dir.display()))?;
-        let cg = Cgroup { dir };
-        match root {
-            CgroupRoot::V1(_) => {
-                write_file(&cg.dir.join("memory.limit_in_bytes"), &limit.to_string())?;
-                // Inherited from the parent, which may say 0 (no anon swap).
-                let _ = fs::write(cg.dir.join("memory.swappiness"), "60");
-            }
-            CgroupRoot::V2(_) => {
-                write_file(&cg.dir.join("memory.max"), &limit.to_string())?;
-                if cg.dir.join("memory.swap.max").exists() {
-                    write_file(&cg.dir.join("memory.swap.max"), "max")?;
-                }
-            }
-        }
-        Ok(cg)
-    }
-
-    /// Moves process `pid` into the cgroup.
-    pub fn add(&self, pid: u32) -> Result<(), String> {
-        write_file(&self.dir.join("cgroup.procs"), &pid.to_string())
-    }
-
-    /// Removes the (empty) cgroup, waiting up to a second for exiting tasks.
-    pub fn remove(&self) -> Result<(), String> {
-        remove_cgroup_dir(&self.dir)
-    }
-}
-
-fn remove_cgroup_dir(dir: &Path) -> Result<(), String> {
-    let t0 = Instant::now();
-    loop {
-        match fs::remove_dir(dir) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if t0.elapsed() > Duration::from_secs(1) => {
-                return Err(format!("removing cgroup {}: {e}", dir.display()))
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        if let Err(e) = self.remove() {
-            eprintln!("warning: pmbench kernel: {e}");
-        }
-    }
-}
-
-/// A fresh name for this process's objects.
-pub fn fresh_name() -> String {
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{PREFIX}{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// The pid in an object name `mmlab-pmbench-<pid>-<n>[.swap]`.
-pub fn owner_pid(name: &str) -> Option<u32> {
-    name.strip_prefix(PREFIX)?.split('-').next()?.parse().ok()
-}
-
-/// Whether the object called `name` is ours and its owner is gone.
-fn is_leftover(name: &str) -> bool {
-    owner_pid(name).is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
-}
-
 /// The swap header of a device of `pages` pages (what `mkswap` writes): the
 /// first page, with version 1, the last page and the `SWAPSPACE2` signature.
 pub fn swap_header(pages: u64, label: &str) -> Vec<u8> {
@@ -207,12 +78,8 @@ pub fn swap_header(pages: u64, label: &str) -> Vec<u8> {
     h[1024..1028].copy_from_slice(&1u32.to_le_bytes());
     let last = u32::try_from(pages - 1).unwrap_or(u32::MAX);
     h[1028..1032].copy_from_slice(&last.to_le_bytes());
-    // nr_badpages (1032..1036) stays 0; a uuid from the clock and the pid.
-    let seed = super::host::now_ns() ^ u64::from(std::process::id()) << 32;
-    let mut rng = super::XorShift::new(seed);
-    for chunk in h[1036..1052].chunks_mut(8) {
-        chunk.copy_from_slice(&rng.next_u64().to_le_bytes());
-    }
+    // nr_badpages (1032..1036) stays 0; then a random uuid.
+    h[1036..1052].copy_from_slice(&rand::random::<[u8; 16]>());
     let l = label.as_bytes();
     let n = l.len().min(15);
     h[1052..1052 + n].copy_from_slice(&l[..n]);
@@ -457,8 +324,9 @@ fn stuck_msg(n: u32) -> String {
 }
 
 impl HostSwap {
-    /// Why the kernel variant cannot run here, if it cannot (checked before any
-    /// object is made).
+    /// Why a swap device and cgroup cannot be set up on this host, if they
+    /// cannot (checked before any object is made): a line for a "skipped:"
+    /// message.
     pub fn unavailable() -> Option<String> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
@@ -539,7 +407,7 @@ impl HostSwap {
     /// `create_named` with a fresh name, after cleaning up leftovers.
     pub fn create(swap_bytes: u64, limit: u64) -> Result<HostSwap, String> {
         for c in clean_leftovers() {
-            eprintln!("note: pmbench kernel: cleaned up a crashed run's {c}");
+            eprintln!("note: host swap: cleaned up a crashed run's {c}");
         }
         HostSwap::create_named(&fresh_name(), swap_bytes, limit)
     }
@@ -609,7 +477,7 @@ fn wait_detached(n: u32) -> Result<(), String> {
 impl Drop for HostSwap {
     fn drop(&mut self) {
         if let Err(e) = self.teardown() {
-            eprintln!("warning: pmbench kernel teardown of {}: {e}", self.name);
+            eprintln!("warning: host swap teardown of {}: {e}", self.name);
         }
     }
 }
@@ -633,7 +501,7 @@ pub fn clean_leftovers() -> Vec<String> {
         }
         let path = loop_path(n);
         if loop_stuck(n) {
-            eprintln!("warning: pmbench kernel: a crashed run's {}", stuck_msg(n));
+            eprintln!("warning: host swap: a crashed run's {}", stuck_msg(n));
             stuck.push(base);
             continue;
         }
@@ -660,40 +528,8 @@ pub fn clean_leftovers() -> Vec<String> {
             }
         }
     }
-    if let Ok(root) = CgroupRoot::find() {
-        if let Ok(dir) = fs::read_dir(root.dir()) {
-            for e in dir.flatten() {
-                let name = e.file_name().to_string_lossy().to_string();
-                if dead(&name) && remove_cgroup_dir(&e.path()).is_ok() {
-                    done.push(format!("cgroup {}", e.path().display()));
-                }
-            }
-        }
-    }
+    done.extend(cgroup::clean_leftovers(dead));
     done
-}
-
-/// `pswpin` and `pswpout` of /proc/vmstat (pages), or zeros if unreadable.
-pub fn vmstat_swap() -> (u64, u64) {
-    let s = fs::read_to_string("/proc/vmstat").unwrap_or_default();
-    parse_vmstat_swap(&s)
-}
-
-/// `pswpin` and `pswpout` of a /proc/vmstat text.
-pub fn parse_vmstat_swap(s: &str) -> (u64, u64) {
-    let get = |k: &str| {
-        s.lines()
-            .find_map(|l| l.strip_prefix(k)?.strip_prefix(' ')?.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    (get("pswpin"), get("pswpout"))
-}
-
-/// Writes one line to `w` and flushes it (the child protocol).
-pub fn send_line(w: &mut impl Write, line: &str) -> io::Result<()> {
-    w.write_all(line.as_bytes())?;
-    w.write_all(b"\n")?;
-    w.flush()
 }
 
 /// Whether host-changing swap runs outside a full lab run were asked for
@@ -701,7 +537,7 @@ pub fn send_line(w: &mut impl Write, line: &str) -> io::Result<()> {
 /// device on the host run only then. A swap device on the host is shared with
 /// everything else it runs, and a wedged one cannot be taken down without a
 /// reboot, so nothing turns one on unless a person asked for it.
-pub fn host_swap_opted_in() -> bool {
+pub fn opted_in() -> bool {
     std::env::var_os("MMLAB_HOST_SWAP").is_some_and(|v| v == "1")
 }
 
@@ -710,43 +546,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_and_headers() {
-        let n = fresh_name();
-        assert_eq!(owner_pid(&n), Some(std::process::id()));
-        assert_eq!(owner_pid("mmlab-pmbench-42-7.swap"), Some(42));
-        assert_eq!(owner_pid("other-42-7"), None);
-        assert!(!is_leftover(&n), "our own objects are not leftovers");
+    fn swap_header_is_mkswaps() {
         let h = swap_header(100, "mmlab-pmbench");
         assert_eq!(&h[4086..], b"SWAPSPACE2");
         assert_eq!(u32::from_le_bytes(h[1024..1028].try_into().unwrap()), 1);
         assert_eq!(u32::from_le_bytes(h[1028..1032].try_into().unwrap()), 99);
-        assert_eq!(
-            parse_vmstat_swap("pgfault 5\npswpin 12\npswpout 34\nx 1\n"),
-            (12, 34)
-        );
-    }
-
-    fn cgroup_dirs(name: &str) -> bool {
-        CgroupRoot::find().is_ok_and(|r| r.dir().join(name).exists())
     }
 
     /// Sets up and tears down a small device and cgroup, then simulates a
     /// crash (objects of a dead pid, never torn down) and cleans them up.
     #[test]
     fn setup_teardown_and_leftovers() {
-        if !super::host_swap_opted_in() {
+        if !opted_in() {
             eprintln!("skipped: set MMLAB_HOST_SWAP=1 to set up swap on this host");
             return;
         }
         if let Some(why) = HostSwap::unavailable() {
-            eprintln!("skipped: pmbench kernel resources unavailable: {why}");
+            eprintln!("skipped: host swap unavailable: {why}");
             return;
         }
         let mut hs = HostSwap::create_named(&fresh_name(), 4 << 20, 8 << 20).unwrap();
         let dev = hs.device().unwrap();
         assert!(swap_active(&dev), "{dev} not in /proc/swaps");
         assert!(hs.file.exists());
-        assert!(cgroup_dirs(&hs.name));
+        assert!(cgroup::exists(&hs.name));
         // A short-lived process moved in, then gone before the cgroup goes.
         let mut sleeper = std::process::Command::new("sleep")
             .arg("10")
@@ -761,7 +584,7 @@ mod tests {
         hs.teardown().unwrap();
         assert!(!swap_active(&dev));
         assert!(!hs.file.exists());
-        assert!(!cgroup_dirs(&name));
+        assert!(!cgroup::exists(&name));
         assert!(our_loops().iter().all(|(_, f)| !f.contains(&name)));
 
         // A "crashed" run: pid 4194303 (above the default pid_max) is not alive.
@@ -778,7 +601,7 @@ mod tests {
         assert!(cleaned.contains(&format!("swap {dev}")), "{cleaned:?}");
         assert!(!swap_active(&dev));
         assert!(!file.exists(), "{cleaned:?}");
-        assert!(!cgroup_dirs(&dead), "{cleaned:?}");
+        assert!(!cgroup::exists(&dead), "{cleaned:?}");
         assert!(our_loops().iter().all(|(_, f)| !f.contains(&dead)));
     }
 }

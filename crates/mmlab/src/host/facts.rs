@@ -1,6 +1,11 @@
-//! Where a run was measured: the host's CPU model, CPU count, memory, kernel, THP
-//! mode and NUMA nodes, and the git commit of the lab. Goes into every record's
-//! `params.host` (and `params.commit`, `params.command`), and onto the report page.
+//! Facts about the host a run is measured on: its CPU model, CPU count, memory,
+//! kernel, THP mode and NUMA nodes, and the git commit of the lab (into every
+//! record's `params.host`, `params.commit`, and onto the report page); and the
+//! host's own counters the workloads read around a measured interval
+//! (/proc/vmstat's swap counts).
+//!
+//! Every reader is total: a file that cannot be read leaves its fact out (or
+//! reads as zero/"unknown"), it never fails a run.
 
 use serde_json::{Map, Value};
 use std::fs;
@@ -120,6 +125,31 @@ pub fn describe(host: &Map<String, Value>) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The transparent huge page mode of the host ("always", "madvise", "never"), for
+/// the records; "unknown" when it cannot be read.
+pub fn thp_mode() -> String {
+    fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .ok()
+        .and_then(|t| bracketed(&t))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// `pswpin` and `pswpout` of /proc/vmstat (pages), or zeros if unreadable.
+pub fn vmstat_swap() -> (u64, u64) {
+    let s = fs::read_to_string("/proc/vmstat").unwrap_or_default();
+    parse_vmstat_swap(&s)
+}
+
+/// `pswpin` and `pswpout` of a /proc/vmstat text.
+pub fn parse_vmstat_swap(s: &str) -> (u64, u64) {
+    let get = |k: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (get("pswpin"), get("pswpout"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +167,10 @@ mod tests {
             Some("madvise")
         );
         assert_eq!(bracketed("none"), None);
+        assert_eq!(
+            parse_vmstat_swap("pgfault 5\npswpin 12\npswpout 34\nx 1\n"),
+            (12, 34)
+        );
     }
 
     #[test]
@@ -148,5 +182,6 @@ mod tests {
         assert!(lines
             .iter()
             .any(|(k, v)| k == "memory" && v.ends_with("MiB")));
+        assert!(!thp_mode().is_empty());
     }
 }
