@@ -160,7 +160,7 @@ mod tests {
     fn mountinfo_finds_a_memory_hierarchy_or_says_why_not() {
         match CgroupRoot::find() {
             Ok(root) => assert!(root.dir().is_dir(), "{root:?}"),
-            Err(why) => assert!(why.contains("memory"), "{why}"),
+            Err(why) => assert!(why.contains("memory") || why.contains("mountinfo"), "{why}"),
         }
     }
 }
