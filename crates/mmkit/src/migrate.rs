@@ -23,8 +23,11 @@
 //! 4. A full fence, then the reference count again: a pin taken meanwhile
 //!    (`get_page`) puts the old entry back and fails the migration (pinned).
 //! 5. Copy the 4 KiB, check the count once more, give `dst` the reverse map and
-//!    store the present PTE to `dst` (Release: the copy is visible before it)
-//!    (Linux's `remove_migration_ptes`).
+//!    `src`'s place on the LRU (`Lru::replace`), then store the present PTE to
+//!    `dst` (Release: the copy is visible before it) (Linux's
+//!    `remove_migration_ptes`). From that store on `dst` is an ordinary mapped
+//!    page that anyone, another migrator included, may take: nothing after it
+//!    touches `dst`.
 //! 6. Clear `src`'s reverse map and unlock it. The caller drops the mapping's
 //!    reference of `src` (`PageAlloc::put_sources`), which frees it into the buddy
 //!    lists.
@@ -36,7 +39,8 @@
 //!
 //! Locking: page lock (try) -> registry mutex (leaf) -> VMA lock (shared, try),
 //! as the page side of the lock order in `rmap.rs`. No zone lock, no allocation,
-//! no wait while a migration entry is installed.
+//! no wait while a migration entry is installed but for the LRU locks of `src`
+//! and `dst` (leaves, held for a list update).
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
@@ -66,6 +70,18 @@ pub(crate) fn migrate_page(
     src: Pfn,
     dst: Pfn,
 ) -> Result<(), MigrateError> {
+    migrate_page_hooked(mm, rwc, src, dst, |_| {})
+}
+
+/// [`migrate_page`], calling `published(dst)` the moment the PTE maps `dst`
+/// (where another migrator, finding `dst` by its reverse map, may take it).
+fn migrate_page_hooked(
+    mm: &Mm,
+    rwc: &mut RmapWalkControl,
+    src: Pfn,
+    dst: Pfn,
+    published: impl FnOnce(Pfn),
+) -> Result<(), MigrateError> {
     // 1. Mapped, then the page lock.
     if !rmap::page_mapped(mm, src) {
         return Err(MigrateError::Changed);
@@ -74,7 +90,7 @@ pub(crate) fn migrate_page(
         return Err(MigrateError::Pinned);
     };
     // 2. The mapping.
-    rmap_walk(mm, &page, rwc, |m| migrate_one(mm, m, &page, dst))
+    rmap_walk(mm, &page, rwc, |m| migrate_one(mm, m, &page, dst, published))
         .unwrap_or(Err(MigrateError::Changed))
 }
 
@@ -84,6 +100,7 @@ fn migrate_one(
     m: &RmapOne<'_>,
     page: &PageGuard<'_>,
     dst: Pfn,
+    published: impl FnOnce(Pfn),
 ) -> Result<(), MigrateError> {
     let src = page.pfn();
     if page_vma_mapped(m, src).is_none() {
@@ -126,10 +143,20 @@ fn migrate_one(
         }
     }
     rmap::set(mm, dst, m.space.id(), m.vaddr);
-    slot.store(mig.migration_done(dst).raw(), Ordering::Release);
-    // 6. `dst` takes `src`'s place on the LRU (`lru.rs`) before `src` is freed.
-    rmap::clear(mm, src);
+    // `dst` takes `src`'s place on the LRU (`lru.rs`) before its PTE is
+    // visible, as Linux adds the new folio to the LRU before
+    // `remove_migration_ptes`. From the store on, another migrator may find
+    // `dst` (compaction's scanner by its reverse map, a NUMA hint fault by its
+    // PTE), move it on and free it while this one still runs: linked after
+    // the store, the freed frame would go on a list, a free page on the LRU
+    // whose entry counts whatever order the buddy gives it next (the list's
+    // page count drifts once the frame comes back as an order-0 page and is
+    // taken off). Linked before, that migrator's `replace` takes it off.
     mm.lru().replace(mm, src, dst);
+    slot.store(mig.migration_done(dst).raw(), Ordering::Release);
+    published(dst);
+    // 6. `src` has no user left.
+    rmap::clear(mm, src);
     Ok(())
 }
 
@@ -154,6 +181,49 @@ mod tests {
 
     use super::*;
     use crate::{Gfp, MapFlags};
+    use mmkit_core::page::PG_LRU;
+
+    /// The moment a migrated page's PTE maps it, another migrator may find it
+    /// (compaction's scanner, by its reverse map), move it on and free it,
+    /// while the first one still holds the old page's lock. The first one
+    /// must not then link the freed frame: the LRU would hold a free page,
+    /// counted with whatever order the buddy gives it next.
+    #[test]
+    fn page_migrated_again_at_once_is_not_linked_when_freed() {
+        let mm = crate::space::tests::mm();
+        mm.drain_all_pages();
+        let before = mm.nr_free_pages();
+        {
+            let s = mm.new_space().unwrap();
+            let a = s.mmap(PAGE_SIZE, MapFlags::empty()).unwrap();
+            s.write(a, &[7; 64]).unwrap();
+            mm.lru().drain_all(&mm);
+            let src = s.translate(a).unwrap().pfn;
+            assert!(desc(&mm, src).test_flag(PG_LRU));
+            let dst = mm.alloc_owned_pages(Gfp::MOVABLE, 0).unwrap();
+            let dst2 = mm.alloc_owned_pages(Gfp::MOVABLE, 0).unwrap();
+            let mut rwc = RmapWalkControl::default();
+            migrate_page_hooked(&mm, &mut rwc, src, dst, |p| {
+                assert_eq!(p, dst);
+                let mut rwc2 = RmapWalkControl::default();
+                migrate_page(&mm, &mut rwc2, dst, dst2).expect("the second migration");
+                drop(rwc2);
+                assert!(mm.unpin_page(dst), "dst was freed");
+            })
+            .unwrap();
+            drop(rwc);
+            assert!(mm.unpin_page(src), "src was freed");
+            assert_eq!(s.translate(a).unwrap().pfn, dst2);
+            let mut buf = [0u8; 64];
+            s.read(a, &mut buf).unwrap();
+            assert_eq!(buf, [7; 64]);
+            assert!(desc(&mm, dst2).test_flag(PG_LRU), "dst2 is on the LRU");
+            mm.check().unwrap();
+        }
+        mm.drain_all_pages();
+        assert_eq!(mm.nr_free_pages(), before);
+        mm.check().unwrap();
+    }
 
     /// Through the page lock on the Mm and the reverse-map walk: a page whose
     /// lock an accessor holds (`with_page` in another thread) or that a pin holds

@@ -100,7 +100,11 @@ impl Mm {
         while done < pages {
             let mut round = 0;
             for nid in 0..self.nr_nodes() {
-                let want = (pages - done - round).min(SWAP_CLUSTER_MAX as u64);
+                // A batch may free more than it was asked for (a huge page
+                // split into 512 is swapped out whole): never below zero.
+                let want = pages
+                    .saturating_sub(done + round)
+                    .min(SWAP_CLUSTER_MAX as u64);
                 if want == 0 {
                     break;
                 }
