@@ -338,7 +338,10 @@ impl Lru {
     /// batch). Called before the PTE maps `new` (`migrate.rs`): until then no
     /// one else can unmap or free `new`, so it is still linkable here.
     pub(crate) fn replace(&self, mm: &Mm, old: Pfn, new: Pfn) {
-        debug_assert!(linkable(mm, new.get() as u32), "replace by a page not mapped");
+        debug_assert!(
+            linkable(mm, new.get() as u32),
+            "replace by a page not mapped"
+        );
         let mut l = self.lock(mm, self.set_of(mm, old.get() as u32));
         let list = l.del(old.get() as u32).unwrap_or(LruList::Inactive);
         desc(mm, old).clear_flag(PG_LRU);

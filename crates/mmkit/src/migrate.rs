@@ -14,7 +14,7 @@
 //!    lock shared with `try_read` (migration never waits for an address space).
 //!    The PTE of `vaddr` must be a present order-0 leaf mapping `src`
 //!    (`page_vma_mapped`), and `src` must hold only the mapping's reference.
-//! 3. `try_to_unmap_one` replaces the PTE by a migration entry (compare-and-swap,
+//! 3. `try_to_migrate_one` replaces the PTE by a migration entry (compare-and-swap,
 //!    so accessed/dirty bits set meanwhile are kept). From now on faults on
 //!    `vaddr` wait for it (`wait_migration`, Linux's `migration_entry_wait`),
 //!    and an access that walked before re-checks the PTE under the page lock we
@@ -46,7 +46,7 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use crate::pgtable::{desc, Pte};
 use crate::rmap::RmapWalkControl;
-use crate::rmap::{self, page_vma_mapped, rmap_walk, try_to_unmap_one, PageGuard, RmapOne};
+use crate::rmap::{self, page_vma_mapped, rmap_walk, try_to_migrate_one, PageGuard, RmapOne};
 use crate::{Mm, Pfn, PAGE_SIZE};
 
 /// Why a page was not migrated.
@@ -90,8 +90,10 @@ fn migrate_page_hooked(
         return Err(MigrateError::Pinned);
     };
     // 2. The mapping.
-    rmap_walk(mm, &page, rwc, |m| migrate_one(mm, m, &page, dst, published))
-        .unwrap_or(Err(MigrateError::Changed))
+    rmap_walk(mm, &page, rwc, |m| {
+        migrate_one(mm, m, &page, dst, published)
+    })
+    .unwrap_or(Err(MigrateError::Changed))
 }
 
 /// Steps 2 to 6 on the mapping `m` of the locked page.
@@ -103,7 +105,7 @@ fn migrate_one(
     published: impl FnOnce(Pfn),
 ) -> Result<(), MigrateError> {
     let src = page.pfn();
-    if page_vma_mapped(m, src).is_none() {
+    if !page_vma_mapped(m, src).is_some_and(|(_, e)| e.is_present()) {
         return Err(MigrateError::Changed);
     }
     let d = desc(mm, src);
@@ -114,7 +116,7 @@ fn migrate_one(
     // is mapped without one, dirty for swap.
     mm.swapcache_drop(page);
     // 3. The migration entry.
-    let Some((slot, cur)) = try_to_unmap_one(m, page, Pte::mk_migration) else {
+    let Some((slot, cur)) = try_to_migrate_one(m, page, Pte::mk_migration) else {
         return Err(MigrateError::Changed);
     };
     let mig = cur.mk_migration();

@@ -314,15 +314,24 @@ pub(crate) fn rmap_walk_huge<R>(
     Some(f(space, &held))
 }
 
-/// Does `e` map `page` as a present order-0 leaf (not huge, not a sub-page of a
-/// split huge page)?
+/// Does `e` map `page` as an order-0 leaf (not huge, not a sub-page of a split
+/// huge page), present or NUMA-hinting? A hinting entry still maps its page,
+/// as Linux's PROT_NONE entry does: reclaim unmaps it like a present one (a
+/// page the scanner marked is not pinned in memory until it is touched).
 fn maps_order0(e: Pte, page: Pfn) -> bool {
-    e.is_present() && !e.is_huge() && !e.is_compound() && e.pfn() == page
+    e.maps_page() && !e.is_huge() && !e.is_compound() && e.pfn() == page
+}
+
+/// `maps_order0`, present only (migration: its entry and the final store stand
+/// for a present entry).
+fn maps_order0_present(e: Pte, page: Pfn) -> bool {
+    e.is_present() && maps_order0(e, page)
 }
 
 /// Linux's `page_vma_mapped_walk`, for one order-0 page: the PTE slot at
-/// `m.vaddr` and its value, if it maps `page` as a present order-0 leaf. `None`
-/// if it does not (unmapped, remapped, a NUMA hint, a huge or split huge page).
+/// `m.vaddr` and its value, if it maps `page` as an order-0 leaf, present or a
+/// NUMA hint. `None` if it does not (unmapped, remapped, a huge or split huge
+/// page).
 pub(crate) fn page_vma_mapped<'a>(m: &RmapOne<'a>, page: Pfn) -> Option<(&'a AtomicU64, Pte)> {
     match m.space.follow_pte(m.held, m.vaddr)? {
         (slot, e, 0) if maps_order0(e, page) => Some((slot, e)),
@@ -330,11 +339,11 @@ pub(crate) fn page_vma_mapped<'a>(m: &RmapOne<'a>, page: Pfn) -> Option<(&'a Ato
     }
 }
 
-/// Linux's `try_to_unmap_one` (and `try_to_migrate_one`): replaces the present
-/// order-0 leaf that maps the locked `page` at `m.vaddr` by `make(old)` (a
-/// migration entry for migration, a swap entry for reclaim), by CAS: accessed or
-/// dirty bits an accessor sets meanwhile are kept in the entry `make` sees.
-/// Returns the slot and the entry replaced (its bits are the page's last
+/// Linux's `try_to_unmap_one` (reclaim): replaces the order-0 leaf, present or
+/// a NUMA hint, that maps the locked `page` at `m.vaddr` by `make(old)` (a swap
+/// entry), by CAS: accessed or dirty bits an accessor sets meanwhile (or a
+/// hint fault restoring the entry) are kept in the entry `make` sees. Returns
+/// the slot and the entry replaced (its bits are the page's last
 /// accessed/dirty state); `None`, with nothing done, if the PTE does not map
 /// `page` that way. The reverse map and the page's reference are the caller's.
 pub(crate) fn try_to_unmap_one<'a>(
@@ -342,7 +351,31 @@ pub(crate) fn try_to_unmap_one<'a>(
     page: &PageGuard<'_>,
     make: impl Fn(Pte) -> Pte,
 ) -> Option<(&'a AtomicU64, Pte)> {
-    let (slot, mut cur) = page_vma_mapped(m, page.pfn())?;
+    replace_leaf(m, page.pfn(), make, maps_order0)
+}
+
+/// Linux's `try_to_migrate_one`: `try_to_unmap_one` for a present leaf only
+/// (`make` gives the migration entry; a NUMA hint is not migrated here).
+pub(crate) fn try_to_migrate_one<'a>(
+    m: &RmapOne<'a>,
+    page: &PageGuard<'_>,
+    make: impl Fn(Pte) -> Pte,
+) -> Option<(&'a AtomicU64, Pte)> {
+    replace_leaf(m, page.pfn(), make, maps_order0_present)
+}
+
+/// The CAS loop of `try_to_unmap_one` and `try_to_migrate_one`: while the leaf
+/// at `m.vaddr` maps `page` as `maps` says, replace it by `make` of it.
+fn replace_leaf<'a>(
+    m: &RmapOne<'a>,
+    page: Pfn,
+    make: impl Fn(Pte) -> Pte,
+    maps: fn(Pte, Pfn) -> bool,
+) -> Option<(&'a AtomicU64, Pte)> {
+    let (slot, mut cur) = match m.space.follow_pte(m.held, m.vaddr)? {
+        (slot, e, 0) if maps(e, page) => (slot, e),
+        _ => return None,
+    };
     loop {
         match slot.compare_exchange(
             cur.raw(),
@@ -353,10 +386,10 @@ pub(crate) fn try_to_unmap_one<'a>(
             Ok(_) => return Some((slot, cur)),
             Err(now) => {
                 let now = Pte::from_raw(now);
-                if !maps_order0(now, page.pfn()) {
+                if !maps(now, page) {
                     return None;
                 }
-                cur = now; // only the accessed/dirty bits changed
+                cur = now; // only the accessed/dirty bits (or the hint) changed
             }
         }
     }
@@ -405,7 +438,7 @@ mod tests {
     }
 
     /// The walk reaches the mapping of a locked page; `folio_referenced` tests and
-    /// clears the accessed bit; `try_to_unmap_one` replaces exactly the entry that
+    /// clears the accessed bit; `try_to_migrate_one` replaces exactly the entry that
     /// maps the page, and refuses one that does not.
     #[test]
     fn rmap_walk_reaches_the_mapping() {
@@ -425,13 +458,13 @@ mod tests {
             // A wrong frame is not unmapped.
             let other = mm.trylock_page(Pfn::new(pfn.get() + 1)).unwrap();
             let r = rmap_walk(&mm, &page, &mut rwc, |m| {
-                try_to_unmap_one(m, &other, |e| e.mk_migration()).is_none()
+                try_to_migrate_one(m, &other, |e| e.mk_migration()).is_none()
             });
             assert_eq!(r, Some(true));
             drop(other);
             // The right one is, and put back.
             rmap_walk(&mm, &page, &mut rwc, |m| {
-                let (slot, old) = try_to_unmap_one(m, &page, |e| e.mk_migration()).unwrap();
+                let (slot, old) = try_to_migrate_one(m, &page, |e| e.mk_migration()).unwrap();
                 assert!(Pte::from_raw(slot.load(Ordering::Acquire)).is_migration());
                 assert!(old.is_present() && old.is_dirty() && !old.is_accessed());
                 slot.store(old.raw(), Ordering::Release);

@@ -341,35 +341,64 @@ impl SpaceInner {
     ) -> Result<(), Error> {
         not_in_page(addr)?;
         let end = check_range(addr, len as u64)?;
-        let g = self.read_lock();
-        let mut vma = match g.find_cached(addr) {
-            Some(v) if end <= v.end || g.covers(v.end, end) => v,
-            _ => return Err(bad(addr, len as u64, "range is not entirely mapped")),
-        };
         let mut done = 0usize;
-        while done < len {
-            let a = addr + done as u64;
-            if a >= vma.end {
-                vma = g.find_cached(a).expect("range is covered");
+        let mut oom_retries = 0;
+        'relock: loop {
+            let g = self.read_lock();
+            let from = addr + done as u64;
+            let mut vma = match g.find_cached(from) {
+                Some(v) if end <= v.end || g.covers(v.end, end) => v,
+                _ => {
+                    return Err(bad(
+                        from,
+                        (len - done) as u64,
+                        "range is not entirely mapped",
+                    ))
+                }
+            };
+            while done < len {
+                let a = addr + done as u64;
+                if a >= vma.end {
+                    vma = g.find_cached(a).expect("range is covered");
+                }
+                let off = (a % PAGE) as usize;
+                let n = (PAGE_SIZE - off).min(len - done);
+                let t = match self.access(&g, &vma, a, write, n) {
+                    Err(Error::NoMemory { .. }) if oom_retries < FAULT_OOM_RETRIES => {
+                        // Let go of the VMA lock before trying again: a
+                        // writer queued behind it (mmap, munmap, mbind)
+                        // keeps every new reader out, reclaim's reverse-map
+                        // walks included (they never wait for a VMA lock),
+                        // so while this fault held it none of this space's
+                        // pages could be reclaimed, by anyone.
+                        oom_retries += 1;
+                        drop(g);
+                        std::thread::sleep(std::time::Duration::from_millis(oom_retries));
+                        continue 'relock;
+                    }
+                    r => r?,
+                };
+                let _pl = self.mm.lock_page(t.pfn);
+                if !self.still_maps(&g, a, &t) {
+                    // Migrated (or being migrated) since the walk: walk again.
+                    continue;
+                }
+                // SAFETY: off < 4096, so the pointer stays inside the frame, which is
+                // mapped and cannot be freed while we hold the shared VMA lock; its page
+                // lock is held and the PTE still maps it, so no migration copies it now.
+                let frame = unsafe { self.mm.page_address(t.pfn).add(off) };
+                op(frame, done, n);
+                done += n;
             }
-            let off = (a % PAGE) as usize;
-            let n = (PAGE_SIZE - off).min(len - done);
-            let t = self.access(&g, &vma, a, write, n)?;
-            let _pl = self.mm.lock_page(t.pfn);
-            if !self.still_maps(&g, a, &t) {
-                // Migrated (or being migrated) since the walk: walk again.
-                continue;
-            }
-            // SAFETY: off < 4096, so the pointer stays inside the frame, which is
-            // mapped and cannot be freed while we hold the shared VMA lock; its page
-            // lock is held and the PTE still maps it, so no migration copies it now.
-            let frame = unsafe { self.mm.page_address(t.pfn).add(off) };
-            op(frame, done, n);
-            done += n;
+            return Ok(());
         }
-        Ok(())
     }
 }
+
+/// Times an access whose fault found no memory lets go of the VMA lock and
+/// tries again (as Linux's fault path retries after dropping `mmap_lock`),
+/// waiting 1, 2, ... ms in between.
+const FAULT_OOM_RETRIES: u64 = 4;
 
 /// Pages of `[addr, addr + len)`, for the NUMA scan clock (`numa_tick.rs`).
 fn pages_spanned(addr: u64, len: usize) -> u64 {
