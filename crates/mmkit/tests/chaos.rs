@@ -123,25 +123,31 @@ impl<'a> Mapping<'a> {
         fill_page(&mut self.want, self.tid, i, gen);
         self.space
             .write(self.addr + i * PAGE, &self.want)
-            .unwrap_or_else(|e| {
-                let mm = self.space.mm();
-                panic!(
-                    "seed {seed}: thread {} page {i} ({}): write: {e}\n{}\nswap {:?}\npolicy {:?}\n{}",
-                    self.tid,
-                    self.phase,
-                    mm.meminfo(),
-                    mm.swap_info(),
-                    self.space.get_mempolicy(self.addr + i * PAGE),
-                    mm.vmstat()
-                )
-            });
+            .unwrap_or_else(|e| panic!("seed {seed}: {}: write: {e}{}", self.at(i), self.diag(i)));
         self.gens[i as usize] = gen;
+    }
+
+    /// Page `i` of this thread's mapping, and what the thread was doing.
+    fn at(&self, i: u64) -> String {
+        format!("thread {} page {i} ({})", self.tid, self.phase)
+    }
+
+    /// The state of memory and swap, for an access that failed.
+    fn diag(&self, i: u64) -> String {
+        let mm = self.space.mm();
+        format!(
+            "\n{}\nswap {:?}\npolicy {:?}\n{}",
+            mm.meminfo(),
+            mm.swap_info(),
+            self.space.get_mempolicy(self.addr + i * PAGE),
+            mm.vmstat()
+        )
     }
 
     fn verify(&mut self, i: u64, seed: u64) {
         self.space
             .read(self.addr + i * PAGE, &mut self.buf)
-            .unwrap_or_else(|e| panic!("seed {seed}: thread {} page {i}: read: {e}", self.tid));
+            .unwrap_or_else(|e| panic!("seed {seed}: {}: read: {e}{}", self.at(i), self.diag(i)));
         let gen = self.gens[i as usize];
         fill_page(&mut self.want, self.tid, i, gen);
         if self.buf != self.want {
@@ -193,7 +199,7 @@ fn worker(mm: &Mm, space: &Space, tid: u64, seed: u64, until: Instant) -> [u64; 
     let mut rng = StdRng::seed_from_u64(seed ^ tid.wrapping_mul(PRIME));
     let mut node = (tid % 2) as usize;
     mm.set_thread_node(node).unwrap();
-    let flags = if tid % 2 == 0 {
+    let flags = if tid.is_multiple_of(2) {
         MapFlags::HUGE
     } else {
         MapFlags::empty()
