@@ -274,6 +274,9 @@ pub(crate) struct SwapDevices {
     table: ShardedLock<Table>,
     swapon_mutex: Mutex<()>,
     rr: AtomicUsize,
+    /// Reads of `table` (a debug count: how often a path looks a device up).
+    #[cfg(test)]
+    table_reads: std::sync::atomic::AtomicU64,
 }
 
 impl SwapDevices {
@@ -296,7 +299,22 @@ impl SwapDevices {
             }),
             swapon_mutex: Mutex::new(()),
             rr: AtomicUsize::new(0),
+            #[cfg(test)]
+            table_reads: Default::default(),
         }
+    }
+
+    /// Reads the device table (counted in tests: see `table_reads`).
+    fn read_table(&self) -> crossbeam_utils::sync::ShardedLockReadGuard<'_, Table> {
+        #[cfg(test)]
+        self.table_reads.fetch_add(1, Ordering::Relaxed);
+        self.table.read().unwrap()
+    }
+
+    /// How many times the device table was read.
+    #[cfg(test)]
+    pub(crate) fn table_reads(&self) -> u64 {
+        self.table_reads.load(Ordering::Relaxed)
     }
 
     fn validate(&self, t: &Table, dev: &SwapDevice) -> Result<Validated, SwapError> {
@@ -375,7 +393,7 @@ impl SwapDevices {
     /// Turns a device on (Linux's `swapon`).
     pub(crate) fn swapon(&self, dev: SwapDevice) -> Result<SwapId, SwapError> {
         let _serial = self.swapon_mutex.lock().unwrap_or_else(|e| e.into_inner());
-        let (ty, mut file_id, existed) = self.validate(&self.table.read().unwrap(), &dev)?;
+        let (ty, mut file_id, existed) = self.validate(&self.read_table(), &dev)?;
         let nr_slots = (dev.bytes / PAGE_SIZE as u64) as u32;
         let (backend, kind, name) = match dev.source {
             Source::Ram => (
@@ -485,7 +503,7 @@ impl SwapDevices {
 
     /// Does device `ty` take allocations (false once `swapoff` began)?
     pub(crate) fn allocatable(&self, ty: u32) -> bool {
-        let t = self.table.read().unwrap();
+        let t = self.read_table();
         t.avail.iter().any(|d| d.id.ty == ty)
     }
 
@@ -494,7 +512,7 @@ impl SwapDevices {
     /// is being swapped off; otherwise as [`SwapFreePolicy`] says. One read of
     /// the device table per swap-in.
     pub(crate) fn should_free_swap(&self, entry: SwapEntry, resident: u64) -> bool {
-        let t = self.table.read().unwrap();
+        let t = self.read_table();
         if !t.avail.iter().any(|d| d.id.ty == entry.ty()) {
             return true;
         }
@@ -516,7 +534,7 @@ impl SwapDevices {
 
     /// Pages in the swap caches of all devices (`SwapCached`).
     pub(crate) fn nr_cached(&self) -> u64 {
-        let t = self.table.read().unwrap();
+        let t = self.read_table();
         t.by_type
             .iter()
             .flatten()
@@ -526,7 +544,7 @@ impl SwapDevices {
 
     /// Free slots on the devices that take allocations.
     pub(crate) fn nr_free_allocatable(&self) -> u64 {
-        let t = self.table.read().unwrap();
+        let t = self.read_table();
         t.avail
             .iter()
             .map(|si| (si.map.nr_slots() as u64).saturating_sub(si.map.inuse()))
@@ -537,7 +555,7 @@ impl SwapDevices {
     /// priority order (round robin among equals) that has free slots; appends
     /// them to `out` (each with its swap-cache reference) and returns how many.
     pub(crate) fn get_swap_pages(&self, cpu: usize, n: usize, out: &mut Vec<SwapEntry>) -> usize {
-        let t = self.table.read().unwrap();
+        let t = self.read_table();
         let mut slots = Vec::with_capacity(n);
         let mut i = 0;
         while i < t.avail.len() {
@@ -571,7 +589,7 @@ impl SwapDevices {
         entry: SwapEntry,
         f: impl FnOnce(&SwapInfoStruct, u32) -> Result<R, SwapError>,
     ) -> Result<R, SwapError> {
-        let t = self.table.read().unwrap();
+        let t = self.read_table();
         match t.by_type.get(entry.ty() as usize) {
             Some(Some(si)) if entry.offset() < si.map.nr_slots() as u64 => {
                 f(si, entry.offset() as u32)
@@ -654,9 +672,7 @@ impl SwapDevices {
 
     /// The devices that are on, by type.
     pub(crate) fn swap_info(&self) -> Vec<SwapInfo> {
-        self.table
-            .read()
-            .unwrap()
+        self.read_table()
             .by_type
             .iter()
             .flatten()
@@ -671,7 +687,7 @@ impl SwapDevices {
 
     /// Swap pages in total, and free (for `SwapTotal` / `SwapFree`).
     pub(crate) fn nr_swap_pages(&self) -> (u64, u64) {
-        let t = self.table.read().unwrap();
+        let t = self.read_table();
         t.by_type
             .iter()
             .flatten()
@@ -684,7 +700,7 @@ impl SwapDevices {
     /// Lock statistics summed over the devices: (device locks, cluster locks,
     /// swap-cache trunk locks).
     pub(crate) fn lock_stats(&self) -> (LockStats, LockStats, LockStats) {
-        let t = self.table.read().unwrap();
+        let t = self.read_table();
         let mut out = (
             LockStats::default(),
             LockStats::default(),
@@ -706,7 +722,7 @@ impl SwapDevices {
 
     /// Verifies every device's map (call it quiet).
     pub(crate) fn check(&self) -> Result<(), String> {
-        let t = self.table.read().unwrap();
+        let t = self.read_table();
         for si in t.by_type.iter().flatten() {
             si.map
                 .check()

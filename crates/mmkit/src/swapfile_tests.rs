@@ -384,3 +384,57 @@ fn swap_out_and_in_from_16_threads() {
         d.check().unwrap();
     }
 }
+
+/// Device-table reads per page swapped (out by reclaim, or in by a fault):
+/// a pass that only swaps out (a range 3x the arena written), then passes that
+/// read it back (each swap-in makes reclaim swap another page out), with each
+/// readahead policy. Printed (`--nocapture`) and bounded.
+#[test]
+fn device_table_reads_per_swapped_page() {
+    use crate::{MapFlags, Mm, VmEvent};
+    for ra in [
+        SwapReadahead::Off,
+        SwapReadahead::Vma,
+        SwapReadahead::Cluster,
+    ] {
+        let mm = Mm::builder()
+            .memory(16 * MB as usize)
+            .kswapd(false)
+            .swap_readahead(ra)
+            .build()
+            .unwrap();
+        mm.swapon(SwapDevice::ram(64 * MB)).unwrap();
+        let swapped = |mm: &Mm| {
+            let ev = mm.vm_events();
+            ev.get(VmEvent::PgStealDirect)
+                + ev.get(VmEvent::PgStealKswapd)
+                + ev.get(VmEvent::PswpIn)
+        };
+        let s = mm.new_space().unwrap();
+        let pages = 3 * 16 * MB / PAGE_SIZE as u64;
+        let a = s
+            .mmap((pages * PAGE_SIZE as u64) as usize, MapFlags::empty())
+            .unwrap();
+        let (r0, p0) = (mm.swap().table_reads(), swapped(&mm));
+        for i in 0..pages {
+            s.write(a + i * PAGE_SIZE as u64, &i.to_le_bytes()).unwrap();
+        }
+        let (r1, p1) = (mm.swap().table_reads(), swapped(&mm));
+        for i in 0..pages {
+            let mut b = [0u8; 8];
+            s.read(a + i * PAGE_SIZE as u64, &mut b).unwrap();
+            assert_eq!(u64::from_le_bytes(b), i);
+        }
+        let (r2, p2) = (mm.swap().table_reads(), swapped(&mm));
+        let out = (r1 - r0) as f64 / (p1 - p0) as f64;
+        let both = (r2 - r1) as f64 / (p2 - p1) as f64;
+        println!(
+            "{ra:?}: swap-out pass {} reads / {} pages = {out:.2}; read-back pass {} reads / {} pages = {both:.2}",
+            r1 - r0,
+            p1 - p0,
+            r2 - r1,
+            p2 - p1
+        );
+        assert!(p1 > p0 && p2 > p1);
+    }
+}
