@@ -54,7 +54,9 @@ use crate::rmap::{
     try_to_unmap_one, PageGuard, RmapWalkControl,
 };
 use crate::space::HugeSplit;
-use crate::{Mm, Pfn, StdPlatform, PAGE_SIZE};
+use crate::swap_cluster::MapError;
+use crate::swapfile::{SwapError, SwapPins};
+use crate::{Mm, Pfn, StdPlatform};
 
 /// Pages isolated per scan (Linux's `SWAP_CLUSTER_MAX`).
 pub(crate) const SWAP_CLUSTER_MAX: usize = 32;
@@ -360,6 +362,9 @@ fn shrink_page_list<'a>(
     back: &mut Vec<(Pfn, LruList)>,
 ) -> u64 {
     let mut rwc = RmapWalkControl::default();
+    let swap = mm.swap();
+    // The devices of the batch's slots, each looked up once for the batch.
+    let mut pins = SwapPins::default();
     let mut victims: Vec<Victim<'a>> = Vec::with_capacity(pages.len());
     let mut activated = 0;
     // 1. Locked, unpinned, unreferenced; and does it need writing?
@@ -386,10 +391,17 @@ fn shrink_page_list<'a>(
                 // A page still in the swap cache from its swap-in, and clean
                 // since, has its copy on the slot already.
                 let mut entry = mm.swapcache_entry(&lock);
-                if entry.is_some_and(|e| !mm.swap().allocatable(e.ty())) {
-                    // Its device is going away (swapoff): a new slot elsewhere.
-                    mm.swapcache_drop(&lock);
-                    entry = None;
+                if let Some(e) = entry {
+                    let Some(dev) = pins.get(swap, e) else {
+                        mm.swap_bad_entry(e, &"a cached page names no device");
+                        back.push((pfn, LruList::Inactive));
+                        continue;
+                    };
+                    if !dev.writeok() {
+                        // Its device is going away (swapoff): a new slot elsewhere.
+                        mm.swapcache_drop(dev, &lock);
+                        entry = None;
+                    }
                 }
                 let write = entry.is_none() || dirty || desc(mm, pfn).test_flag(PG_DIRTY);
                 victims.push(Victim {
@@ -404,19 +416,20 @@ fn shrink_page_list<'a>(
     mm.page_alloc()
         .count_vm_event(VmEvent::PgActivate, activated);
     // 2. Slots for the pages that have none, and the swap cache.
-    let swap = mm.swap();
     let need = victims.iter().filter(|v| v.entry.is_none()).count();
     let mut entries = Vec::with_capacity(need);
     let cpu = StdPlatform::cpu_id();
     while entries.len() < need {
-        if swap.get_swap_pages(cpu, need - entries.len(), &mut entries) == 0 {
-            break;
+        match swap.get_swap_pages(cpu, need - entries.len(), &mut entries) {
+            Some(dev) => pins.add(dev),
+            None => break,
         }
     }
     let mut fresh = entries.into_iter();
     for v in victims.iter_mut().filter(|v| v.entry.is_none()) {
         let Some(e) = fresh.next() else { break };
-        mm.swapcache_add(&v.lock, e);
+        let dev = pins.get(swap, e).expect("pinned by get_swap_pages");
+        mm.swapcache_add(dev, &v.lock, e);
         v.entry = Some(e);
     }
     // 3. Write what needs it, runs of contiguous slots at once.
@@ -435,14 +448,10 @@ fn shrink_page_list<'a>(
         {
             j += 1;
         }
-        let bufs: Vec<&[u8]> = victims[i..j]
-            .iter()
-            // SAFETY: each page is allocated (isolation reference) and locked by us;
-            // no accessor touches a page's bytes without its page lock, so these
-            // 4096 bytes inside the arena do not change while the slices live.
-            .map(|v| unsafe { std::slice::from_raw_parts(mm.page_address(v.pfn), PAGE_SIZE) })
-            .collect();
-        match swap.swap_writepages(first, &bufs) {
+        // Each page is held by its isolation reference and locked by us.
+        let bufs: Vec<&[u8]> = victims[i..j].iter().map(|v| v.lock.bytes()).collect();
+        let dev = pins.get(swap, first).expect("pinned in step 1 or 2");
+        match dev.swap_writepages(first, &bufs) {
             Ok(()) => {
                 written[i..j].iter_mut().for_each(|w| *w = true);
                 mm.page_alloc()
@@ -459,9 +468,15 @@ fn shrink_page_list<'a>(
             back.push((v.pfn, LruList::Inactive)); // no slot left
             continue;
         };
+        let dev = pins.get(swap, entry).expect("pinned in step 1 or 2");
         let unmapped = ok
             && rmap_walk(mm, &v.lock, &mut rwc, |m| {
-                if swap.swap_duplicate(entry).is_err() {
+                if let Err(err) = dev.swap_duplicate(entry) {
+                    // The cache's reference keeps the slot in use: only a
+                    // full count (`SWAP_MAP_MAX`) may refuse.
+                    if !matches!(err, SwapError::Map(MapError::TooManyRefs(_))) {
+                        mm.swap_bad_entry(entry, &err);
+                    }
                     return false;
                 }
                 match try_to_unmap_one(m, &v.lock, |_| Pte::swap(entry)) {
@@ -470,7 +485,10 @@ fn shrink_page_list<'a>(
                         true
                     }
                     None => {
-                        let _ = swap.swap_free(entry);
+                        // The reference just added: the slot must take it back.
+                        if let Err(err) = dev.swap_free(entry) {
+                            mm.swap_bad_entry(entry, &err);
+                        }
                         false
                     }
                 }
@@ -481,7 +499,7 @@ fn shrink_page_list<'a>(
         }
         // Out of the cache; this frees the slot when the unmap did not happen
         // (no PTE reference): a page that stays is dirty for swap again.
-        mm.swapcache_drop(&v.lock);
+        mm.swapcache_drop(dev, &v.lock);
         desc(mm, v.pfn).clear_flag(PG_DIRTY);
         drop(v.lock);
         if unmapped {
