@@ -220,7 +220,6 @@ impl PageGuard<'_> {
 
     /// The 4096 bytes of the locked page, to read (see the type's rule).
     pub(crate) fn bytes(&self) -> &[u8] {
-        debug_assert!(desc(self.mm, self.pfn).refcount().load(Ordering::Relaxed) > 0);
         // SAFETY: the frame is a page inside the arena (`page_address` is null
         // only for a pfn outside it, which no allocated page has). The holder
         // keeps it allocated (the type's rule), so nothing frees or reuses it
@@ -232,7 +231,6 @@ impl PageGuard<'_> {
 
     /// The 4096 bytes of the locked page, to write (see the type's rule).
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
-        debug_assert!(desc(self.mm, self.pfn).refcount().load(Ordering::Relaxed) > 0);
         // SAFETY: as in `bytes`; and the borrow of `self` is unique, so this
         // is the only reference to the bytes made through the page lock.
         unsafe { std::slice::from_raw_parts_mut(self.mm.page_address(self.pfn), PAGE_SIZE) }

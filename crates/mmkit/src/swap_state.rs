@@ -18,11 +18,27 @@
 //!
 //! A page in the swap cache has `PG_SWAPCACHE` and its entry in `swap_entry`;
 //! the page-side helpers (`Mm::swapcache_add`/`swapcache_drop`) change the
-//! three together, only under the page lock.
+//! three together, only under the page lock. They, and the cache's operations
+//! on a device (`add_to_swap_cache`, `lookup_swap_cache`,
+//! `delete_from_swap_cache` on `SwapInfoStruct`), take the device pinned by the
+//! caller (`swap_device.rs`): the cache never looks a device up itself
+//! (`swapcache_drop_page` pins one for a path that has none).
+//!
+//! # Swap-in
+//!
+//! [`Mm::read_swap_cache`] (Linux's `__read_swap_cache_async` with
+//! `swap_read_folio`) is the one routine that brings a slot into the cache, for
+//! the fault (`do_swap_page` in `space/swap.rs`) and for both readaheads
+//! (`swap_readahead_one`): a page already cached is returned as it is;
+//! otherwise alloc, `swapcache_prepare`, lock, add, read (CRC32C verified), and
+//! on failure the undo (`swapin_undo`, also the fault's when its PTE changed).
 //!
 //! Locking: `Trunks`: each trunk's map under its lock (statistics in
 //! `trunk_lock_stats`). `Table`: entries written under the cluster lock of the
-//! swap map (`SwapMap::lock_cluster`), read with `Acquire` loads.
+//! swap map (`SwapMap::lock_cluster`), read with `Acquire` loads. The swap-in
+//! routine holds one page lock (the new page's) while it adds and reads; the
+//! cache and map locks are leaves taken inside it. The readahead queue's mutex
+//! is a leaf too: no page lock is taken under it.
 //!
 //! # Readahead
 //!

@@ -545,14 +545,10 @@ impl SwapDevices {
         }
     }
 
-    /// Pages in the swap caches of all devices (`SwapCached`).
+    /// Pages in the swap caches of all devices (`SwapCached`), from the
+    /// [`SwapTotals`].
     pub(crate) fn nr_cached(&self) -> u64 {
-        let t = self.read_table();
-        t.by_type
-            .iter()
-            .flatten()
-            .map(|si| si.cache.nr_cached())
-            .sum()
+        self.totals.read().2
     }
 
     /// Free slots on the devices that take allocations.
@@ -770,7 +766,7 @@ impl Mm {
     /// Can reclaim free anything now: a device with free slots, or pages in the
     /// swap cache (a clean one goes out without a new slot)?
     pub(crate) fn can_swap_out(&self) -> bool {
-        self.swap().nr_free_allocatable() > 0 || self.swap().nr_cached() > 0
+        self.swap().nr_cached() > 0 || self.swap().nr_free_allocatable() > 0
     }
 }
 

@@ -9,6 +9,9 @@
 //!    bit tested and cleared through the reverse map (`folio_referenced`): set
 //!    means activate, not reclaim.
 //! 2. Slots for the batch (`get_swap_pages`), each page added to the swap cache.
+//!    The batch's devices are pinned once each (`SwapPins`: the device
+//!    `get_swap_pages` took the slots from, and those of pages still in the
+//!    swap cache) and serve steps 1 to 5.
 //! 3. Write, contiguous slots in one request (`swap_writepages`). With the page
 //!    lock held no accessor reads or writes the page's bytes (`space/mmu.rs`), so
 //!    the copy written is the page's content; a failed write drops the slot and
@@ -51,11 +54,11 @@ use crate::lru::LruList;
 use crate::pgtable::{desc, Pte, SwapEntry, HPAGE_PMD_NR};
 use crate::rmap::{
     self, folio_referenced, folio_referenced_one, page_vma_mapped, rmap_walk, rmap_walk_huge,
-    try_to_unmap_one, PageGuard, RmapWalkControl,
+    try_to_unmap_one, PageGuard, RmapOne, RmapWalkControl,
 };
 use crate::space::HugeSplit;
 use crate::swap_cluster::MapError;
-use crate::swapfile::{SwapError, SwapPins};
+use crate::swapfile::{SwapError, SwapInfoStruct, SwapPins};
 use crate::{Mm, Pfn, StdPlatform};
 
 /// Pages isolated per scan (Linux's `SWAP_CLUSTER_MAX`).
@@ -416,6 +419,52 @@ fn shrink_page_list<'a>(
     mm.page_alloc()
         .count_vm_event(VmEvent::PgActivate, activated);
     // 2. Slots for the pages that have none, and the swap cache.
+    add_to_swap(mm, &mut pins, &mut victims);
+    // 3. Write what needs it, runs of contiguous slots at once.
+    let written = pageout(mm, &mut pins, &victims);
+    // 4, 5. Unmap and free, or undo.
+    let mut freed = 0;
+    for (v, ok) in victims.into_iter().zip(written) {
+        let Some(entry) = v.entry else {
+            back.push((v.pfn, LruList::Inactive)); // no slot left
+            continue;
+        };
+        let dev = pins.get(swap, entry).expect("pinned in step 1 or 2");
+        let unmapped = ok
+            && rmap_walk(mm, &v.lock, &mut rwc, |m| {
+                try_to_unmap_swap(mm, m, &v.lock, dev, entry)
+            })
+            .unwrap_or(false);
+        if unmapped {
+            rmap::clear(mm, v.pfn);
+        }
+        // Out of the cache; this frees the slot when the unmap did not happen
+        // (no PTE reference): a page that stays is dirty for swap again.
+        mm.swapcache_drop(dev, &v.lock);
+        desc(mm, v.pfn).clear_flag(PG_DIRTY);
+        drop(v.lock);
+        if unmapped {
+            mm.unpin_page(v.pfn); // the mapping's reference; the isolation's is last
+            freed += 1;
+        } else {
+            back.push((
+                v.pfn,
+                if ok {
+                    LruList::Inactive
+                } else {
+                    LruList::Active
+                },
+            ));
+        }
+    }
+    freed
+}
+
+/// Step 2 (Linux's `folio_alloc_swap`): slots for the victims that have none,
+/// from one device or more (each pinned into `pins`), and each such page into
+/// the swap cache. Victims left without a slot keep `entry == None`.
+fn add_to_swap(mm: &Mm, pins: &mut SwapPins, victims: &mut [Victim<'_>]) {
+    let swap = mm.swap();
     let need = victims.iter().filter(|v| v.entry.is_none()).count();
     let mut entries = Vec::with_capacity(need);
     let cpu = StdPlatform::cpu_id();
@@ -432,7 +481,13 @@ fn shrink_page_list<'a>(
         mm.swapcache_add(dev, &v.lock, e);
         v.entry = Some(e);
     }
-    // 3. Write what needs it, runs of contiguous slots at once.
+}
+
+/// Step 3 (Linux's `pageout`): writes the victims that need it, runs of
+/// contiguous slots in one request each; which victims' slots hold their
+/// content now.
+fn pageout(mm: &Mm, pins: &mut SwapPins, victims: &[Victim<'_>]) -> Vec<bool> {
+    let swap = mm.swap();
     let mut written: Vec<bool> = victims.iter().map(|v| !v.write).collect();
     let mut i = 0;
     while i < victims.len() {
@@ -461,60 +516,39 @@ fn shrink_page_list<'a>(
         }
         i = j;
     }
-    // 4, 5. Unmap and free, or undo.
-    let mut freed = 0;
-    for (v, ok) in victims.into_iter().zip(written) {
-        let Some(entry) = v.entry else {
-            back.push((v.pfn, LruList::Inactive)); // no slot left
-            continue;
-        };
-        let dev = pins.get(swap, entry).expect("pinned in step 1 or 2");
-        let unmapped = ok
-            && rmap_walk(mm, &v.lock, &mut rwc, |m| {
-                if let Err(err) = dev.swap_duplicate(entry) {
-                    // The cache's reference keeps the slot in use: only a
-                    // full count (`SWAP_MAP_MAX`) may refuse.
-                    if !matches!(err, SwapError::Map(MapError::TooManyRefs(_))) {
-                        mm.swap_bad_entry(entry, &err);
-                    }
-                    return false;
-                }
-                match try_to_unmap_one(m, &v.lock, |_| Pte::swap(entry)) {
-                    Some(_) => {
-                        m.space.sub_rss(1);
-                        true
-                    }
-                    None => {
-                        // The reference just added: the slot must take it back.
-                        if let Err(err) = dev.swap_free(entry) {
-                            mm.swap_bad_entry(entry, &err);
-                        }
-                        false
-                    }
-                }
-            })
-            .unwrap_or(false);
-        if unmapped {
-            rmap::clear(mm, v.pfn);
+    written
+}
+
+/// Step 4 on the mapping `m` of the locked page (Linux's `try_to_unmap_one`
+/// for an anonymous page in the swap cache): the PTE gets the swap entry of
+/// the pinned `dev`, whose slot gains the PTE's reference. False (nothing
+/// changed) when the PTE changed or the slot's count is full.
+fn try_to_unmap_swap(
+    mm: &Mm,
+    m: &RmapOne<'_>,
+    lock: &PageGuard<'_>,
+    dev: &SwapInfoStruct,
+    entry: SwapEntry,
+) -> bool {
+    if let Err(err) = dev.swap_duplicate(entry) {
+        // The cache's reference keeps the slot in use: only a
+        // full count (`SWAP_MAP_MAX`) may refuse.
+        if !matches!(err, SwapError::Map(MapError::TooManyRefs(_))) {
+            mm.swap_bad_entry(entry, &err);
         }
-        // Out of the cache; this frees the slot when the unmap did not happen
-        // (no PTE reference): a page that stays is dirty for swap again.
-        mm.swapcache_drop(dev, &v.lock);
-        desc(mm, v.pfn).clear_flag(PG_DIRTY);
-        drop(v.lock);
-        if unmapped {
-            mm.unpin_page(v.pfn); // the mapping's reference; the isolation's is last
-            freed += 1;
-        } else {
-            back.push((
-                v.pfn,
-                if ok {
-                    LruList::Inactive
-                } else {
-                    LruList::Active
-                },
-            ));
+        return false;
+    }
+    match try_to_unmap_one(m, lock, |_| Pte::swap(entry)) {
+        Some(_) => {
+            m.space.sub_rss(1);
+            true
+        }
+        None => {
+            // The reference just added: the slot must take it back.
+            if let Err(err) = dev.swap_free(entry) {
+                mm.swap_bad_entry(entry, &err);
+            }
+            false
         }
     }
-    freed
 }

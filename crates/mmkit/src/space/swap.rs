@@ -1,7 +1,10 @@
 //! Swap-in (Linux's `do_swap_page` in `mm/memory.c`) and swapoff's walk over a
 //! space (Linux's `unuse_mm`).
 //!
-//! A fault on a swap PTE:
+//! A fault on a swap PTE pins the entry's device once (`SwapDevices::get`;
+//! none, with the PTE unchanged, is a bad entry) and uses it throughout, for
+//! readahead too. Steps 1 to 3 are `Mm::read_swap_cache` (`swap_state.rs`),
+//! the routine the readaheads use as well:
 //! 1. If the entry's page is in the swap cache, it was read ahead (map it), or
 //!    reclaim is writing it out or another fault is reading it in: wait for
 //!    that page's lock, then retry (the PTE has changed, or the page left the
