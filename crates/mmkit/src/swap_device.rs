@@ -25,7 +25,7 @@
 
 use std::fmt;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
@@ -88,6 +88,8 @@ impl SwapPins {
 /// `nr_swap_pages` and `NR_SWAPCACHE`), per CPU where they change per page.
 pub(crate) struct SwapTotals {
     pub(crate) total: AtomicU64,
+    /// Devices in the table that take no allocations (`swapoff` under way).
+    pub(crate) closing: AtomicUsize,
     /// Per CPU: slots allocated minus slots freed; pages added to the swap
     /// caches minus pages deleted.
     used: Box<[CachePadded<(AtomicI64, AtomicI64)>]>,
@@ -97,9 +99,23 @@ impl SwapTotals {
     pub(crate) fn new(nr_cpus: usize) -> SwapTotals {
         SwapTotals {
             total: AtomicU64::new(0),
+            closing: AtomicUsize::new(0),
             used: (0..nr_cpus.max(1)).map(|_| Default::default()).collect(),
         }
     }
+    /// Sets `writeok` of `si` (under the table's write lock), counting the
+    /// devices that are closing.
+    pub(crate) fn set_writeok(&self, si: &SwapInfoStruct, on: bool) {
+        if si.writeok.swap(on, Ordering::AcqRel) != on {
+            let c = &self.closing;
+            _ = if on {
+                c.fetch_sub(1, Ordering::Relaxed)
+            } else {
+                c.fetch_add(1, Ordering::Relaxed)
+            };
+        }
+    }
+
     fn here(&self) -> &(AtomicI64, AtomicI64) {
         &self.used[StdPlatform::cpu_id() % self.used.len()]
     }

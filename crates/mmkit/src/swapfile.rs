@@ -494,7 +494,9 @@ impl SwapDevices {
         }
         t.by_type[id.ty as usize] = None;
         t.avail.retain(|d| d.id != id);
-        si.writeok.store(false, Ordering::Release);
+        // Closing now, if it was not, and out of the table.
+        self.totals.set_writeok(&si, false);
+        self.totals.closing.fetch_sub(1, Ordering::Relaxed);
         si.on.store(false, Ordering::Release);
         let n = si.map.nr_slots() as u64;
         self.totals.total.fetch_sub(n, Ordering::Relaxed);
@@ -510,7 +512,7 @@ impl SwapDevices {
             _ => return Err(SwapError::NoSuchDevice { id }),
         };
         t.avail.retain(|d| d.id != id);
-        si.writeok.store(on, Ordering::Release);
+        self.totals.set_writeok(&si, on);
         if on {
             let at = t
                 .avail
@@ -551,8 +553,12 @@ impl SwapDevices {
         self.totals.read().2
     }
 
-    /// Free slots on the devices that take allocations.
+    /// Free slots on the devices that take allocations: from the
+    /// [`SwapTotals`] unless a `swapoff` is under way.
     pub(crate) fn nr_free_allocatable(&self) -> u64 {
+        if self.totals.closing.load(Ordering::Relaxed) == 0 {
+            return self.totals.read().1;
+        }
         let t = self.read_table();
         t.avail
             .iter()
@@ -674,6 +680,17 @@ impl SwapDevices {
             let n = si.map.nr_slots() as u64;
             (total, free) = (total + n, free + n - si.map.inuse().min(n));
             cached += si.cache.nr_cached();
+        }
+        let closing = t
+            .by_type
+            .iter()
+            .flatten()
+            .filter(|si| !si.writeok())
+            .count();
+        if closing != self.totals.closing.load(Ordering::Relaxed) {
+            return Err(format!(
+                "{closing} devices closing, the totals say otherwise"
+            ));
         }
         let counted = self.totals.read();
         if counted != (total, free, cached) {

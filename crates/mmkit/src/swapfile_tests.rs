@@ -462,3 +462,48 @@ fn device_table_reads_per_swapped_page() {
         assert!(out <= 1.0 && both <= 1.0, "{ra:?}: {out:.2}, {both:.2}");
     }
 }
+
+/// A pinned device stays usable after `swapoff` took it out of the table (its
+/// map, cache and backend live while pinned), and says it is off; its entries
+/// name no device any more, and the totals follow swapon and swapoff.
+#[test]
+fn a_pinned_device_outlives_swapoff() {
+    let d = devices(SwapAllocPolicy::default(), SwapCacheIndex::default());
+    let id = d.swapon(SwapDevice::ram(2 * MB)).unwrap();
+    let mut e = Vec::new();
+    assert_eq!(get_slots(&d, 0, 1, &mut e), 1);
+    let x = e[0];
+    let dev = pin(&d, x);
+    assert!(dev.is_on() && dev.writeok());
+    dev.swap_writepage(x, &page(3)).unwrap();
+    dev.add_to_swap_cache(x, 7).unwrap();
+    assert_eq!(d.nr_cached(), 1);
+    d.check().unwrap();
+    assert_eq!(d.nr_free_allocatable(), 511);
+    assert_eq!(d.set_allocatable(id, false), Ok(1));
+    assert!(!dev.writeok());
+    assert_eq!(d.nr_free_allocatable(), 0);
+    d.check().unwrap();
+    assert!(
+        d.should_free_swap(&dev, 0),
+        "a device going off frees on swap-in"
+    );
+    assert!(dev.delete_from_swap_cache(x, 7));
+    assert_eq!(dev.swapcache_clear(x), Ok(0));
+    d.check().unwrap();
+    d.swapoff(id).unwrap();
+    assert!(!dev.is_on() && d.get(x).is_none());
+    assert_eq!(d.nr_swap_pages(), (0, 0));
+    assert_eq!(d.nr_cached(), 0);
+    d.check().unwrap();
+    let mut buf = vec![0u8; PAGE_SIZE];
+    assert!(matches!(
+        dev.swap_readpage(x, &mut buf),
+        Err(SwapError::Io(SwapIoError::NotWritten { .. }))
+    ));
+    let slot = x.offset() as u32;
+    assert_eq!(
+        dev.swap_free(x),
+        Err(SwapError::Map(MapError::NotInUse(slot)))
+    );
+}
