@@ -133,6 +133,9 @@ vm_events! {
     SwapChecksumFail = "swap_checksum_fail",
     /// Swap reads and writes the device refused (mmkit's own).
     SwapIoError = "swap_io_error",
+    /// Swap entries that named no device, or a slot that refused what the
+    /// entry's references allow: a broken invariant (mmkit's own).
+    SwapBadEntry = "swap_bad_entry",
     /// Huge PMDs replaced by a table of 512 PTEs (munmap, mprotect, reclaim).
     ThpSplitPmd = "thp_split_pmd",
     /// Huge pages split into 512 order-0 pages (reclaim, to swap them out).

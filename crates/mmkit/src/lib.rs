@@ -44,6 +44,7 @@ mod rmap;
 mod rseq;
 mod space;
 mod swap_cluster;
+mod swap_device;
 mod swap_lock;
 mod swap_state;
 mod swapfile;

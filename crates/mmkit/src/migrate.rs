@@ -114,7 +114,7 @@ fn migrate_one(
     }
     // A page kept in the swap cache leaves it (its slot is freed): the copy
     // is mapped without one, dirty for swap.
-    mm.swapcache_drop(page);
+    mm.swapcache_drop_page(page);
     // 3. The migration entry.
     let Some((slot, cur)) = try_to_migrate_one(m, page, Pte::mk_migration) else {
         return Err(MigrateError::Changed);

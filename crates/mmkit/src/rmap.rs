@@ -200,8 +200,15 @@ impl PageLocks {
 
 /// A held page lock (Linux's locked folio), released when dropped. Page-side
 /// functions take it as proof that the page is locked.
+///
+/// Its page's bytes ([`PageGuard::bytes`], [`PageGuard::bytes_mut`]) may be
+/// borrowed while the holder keeps the page allocated by a reference of its
+/// own: a page it allocated and has not published, an isolated page (reclaim),
+/// a pinned one (`with_page`). A guard on a pfn taken from a snapshot (a swap
+/// cache lookup) must not borrow them: that page may be freed meanwhile.
 pub(crate) struct PageGuard<'a> {
     pfn: Pfn,
+    mm: &'a Mm,
     _lock: parking_lot::MutexGuard<'a, ()>,
 }
 
@@ -209,6 +216,24 @@ impl PageGuard<'_> {
     /// The locked frame.
     pub(crate) fn pfn(&self) -> Pfn {
         self.pfn
+    }
+
+    /// The 4096 bytes of the locked page, to read (see the type's rule).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: the frame is a page inside the arena (`page_address` is null
+        // only for a pfn outside it, which no allocated page has). The holder
+        // keeps it allocated (the type's rule), so nothing frees or reuses it
+        // while the borrow lives; every reader and writer of an owned page's
+        // bytes (accesses, `with_page`, migration's copy, swap I/O) holds its
+        // page lock, which this guard holds, so no one writes it meanwhile.
+        unsafe { std::slice::from_raw_parts(self.mm.page_address(self.pfn), PAGE_SIZE) }
+    }
+
+    /// The 4096 bytes of the locked page, to write (see the type's rule).
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; and the borrow of `self` is unique, so this
+        // is the only reference to the bytes made through the page lock.
+        unsafe { std::slice::from_raw_parts_mut(self.mm.page_address(self.pfn), PAGE_SIZE) }
     }
 }
 
@@ -218,6 +243,7 @@ impl Mm {
     pub(crate) fn lock_page(&self, pfn: Pfn) -> PageGuard<'_> {
         PageGuard {
             pfn,
+            mm: self,
             _lock: self.inner.page_locks.stripe(pfn).lock(),
         }
     }
@@ -226,7 +252,11 @@ impl Mm {
     /// access in progress makes a migration of the page fail rather than wait).
     pub(crate) fn trylock_page(&self, pfn: Pfn) -> Option<PageGuard<'_>> {
         let lock = self.inner.page_locks.stripe(pfn).try_lock()?;
-        Some(PageGuard { pfn, _lock: lock })
+        Some(PageGuard {
+            pfn,
+            mm: self,
+            _lock: lock,
+        })
     }
 }
 

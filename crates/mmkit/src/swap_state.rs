@@ -18,11 +18,27 @@
 //!
 //! A page in the swap cache has `PG_SWAPCACHE` and its entry in `swap_entry`;
 //! the page-side helpers (`Mm::swapcache_add`/`swapcache_drop`) change the
-//! three together, only under the page lock.
+//! three together, only under the page lock. They, and the cache's operations
+//! on a device (`add_to_swap_cache`, `lookup_swap_cache`,
+//! `delete_from_swap_cache` on `SwapInfoStruct`), take the device pinned by the
+//! caller (`swap_device.rs`): the cache never looks a device up itself
+//! (`swapcache_drop_page` pins one for a path that has none).
+//!
+//! # Swap-in
+//!
+//! [`Mm::read_swap_cache`] (Linux's `__read_swap_cache_async` with
+//! `swap_read_folio`) is the one routine that brings a slot into the cache, for
+//! the fault (`do_swap_page` in `space/swap.rs`) and for both readaheads
+//! (`swap_readahead_one`): a page already cached is returned as it is;
+//! otherwise alloc, `swapcache_prepare`, lock, add, read (CRC32C verified), and
+//! on failure the undo (`swapin_undo`, also the fault's when its PTE changed).
 //!
 //! Locking: `Trunks`: each trunk's map under its lock (statistics in
 //! `trunk_lock_stats`). `Table`: entries written under the cluster lock of the
-//! swap map (`SwapMap::lock_cluster`), read with `Acquire` loads.
+//! swap map (`SwapMap::lock_cluster`), read with `Acquire` loads. The swap-in
+//! routine holds one page lock (the new page's) while it adds and reads; the
+//! cache and map locks are leaves taken inside it. The readahead queue's mutex
+//! is a leaf too: no page lock is taken under it.
 //!
 //! # Readahead
 //!
@@ -55,9 +71,10 @@ use mmkit_core::VmEvent;
 use crate::pgtable::{desc, Pte, SwapEntry};
 use crate::platform::StdPlatform;
 use crate::rmap::PageGuard;
-use crate::swap_cluster::{SwapMap, SWAP_ADDRESS_SPACE_PAGES};
+use crate::swap_cluster::{MapError, SwapMap, SWAP_ADDRESS_SPACE_PAGES};
 use crate::swap_lock::{LockClassStats, StatLock};
-use crate::{Gfp, Pfn};
+use crate::swapfile::{SwapError, SwapInfoStruct, SwapPins};
+use crate::{Error, Gfp, Mm, Pfn};
 
 /// Which index the swap cache uses (see the module header).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -325,45 +342,124 @@ impl SwapRa {
     }
 }
 
-impl crate::Mm {
-    /// Reads `entry` ahead into the swap cache: a page of its own, unmapped,
-    /// `PG_READAHEAD`, queued. False (nothing changed) when the slot is free,
-    /// already cached or being read, no page is free without reclaim, or the
-    /// read fails.
-    pub(crate) fn swap_readahead_one(&self, entry: SwapEntry) -> bool {
-        let swap = self.swap();
-        if swap.lookup_swap_cache(entry).is_some() {
-            return false;
-        }
-        let Ok(page) = self.alloc_owned_pages(Gfp::MOVABLE_NOWAIT, 0) else {
+/// The swap cache's operations on a pinned device (`SwapDevices::get`): the
+/// entry's slot is checked to be the device's; the totals follow.
+impl SwapInfoStruct {
+    /// Puts `pfn` in the swap cache for `entry`.
+    pub(crate) fn add_to_swap_cache(&self, entry: SwapEntry, pfn: u32) -> Result<(), SwapError> {
+        self.cache
+            .add_to_swap_cache(&self.map, self.slot(entry)?, pfn)?;
+        self.totals.cached(1);
+        Ok(())
+    }
+
+    /// The pfn cached for `entry` (a snapshot: lock the page and check).
+    pub(crate) fn lookup_swap_cache(&self, entry: SwapEntry) -> Option<u32> {
+        self.cache.lookup_swap_cache(self.slot(entry).ok()?)
+    }
+
+    /// Removes `entry -> pfn` from the swap cache; false when it was not there.
+    pub(crate) fn delete_from_swap_cache(&self, entry: SwapEntry, pfn: u32) -> bool {
+        let Ok(slot) = self.slot(entry) else {
             return false;
         };
-        if swap.swapcache_prepare(entry).is_err() {
-            self.free_owned_pages(page, 0)
-                .expect("our unpublished page");
-            return false;
+        let done = self.cache.delete_from_swap_cache(&self.map, slot, pfn);
+        if done {
+            self.totals.cached(-1);
         }
-        let lock = self.lock_page(page);
-        self.swapcache_add(&lock, entry);
-        // SAFETY: the page is ours alone (just allocated, not mapped, locked):
-        // 4096 writable bytes inside the arena that nothing else references.
-        let buf =
-            unsafe { std::slice::from_raw_parts_mut(self.page_address(page), crate::PAGE_SIZE) };
-        if swap.swap_readpage(entry, buf).is_err() {
-            // A later fault reads it again and reports the error.
-            self.swapcache_drop(&lock);
-            drop(lock);
-            self.free_owned_pages(page, 0)
-                .expect("our unpublished page");
-            return false;
+        done
+    }
+}
+
+/// What [`Mm::read_swap_cache`] found.
+pub(crate) enum SwapCacheRead<'a> {
+    /// A new page holding the slot's verified content: locked, in the swap
+    /// cache, not mapped (`swapin_undo` takes it back).
+    Read(PageGuard<'a>),
+    /// A page caches the slot already (read ahead, being written out, or being
+    /// read by another task): its pfn, a snapshot to lock and check.
+    Cached(Pfn),
+    /// Another task claimed the slot and has not added its page yet.
+    Busy,
+}
+
+/// Why [`Mm::read_swap_cache`] read nothing (nothing changed).
+pub(crate) enum SwapInFail {
+    /// No free page (the allocation's error).
+    NoMemory(Error),
+    /// The slot is not this device's or not in use (a stale entry).
+    Slot(SwapError),
+    /// The read failed, or its checksum did not match.
+    Read(SwapError),
+}
+
+impl Mm {
+    /// Brings `entry`'s slot of the pinned `dev` into the swap cache (Linux's
+    /// `__read_swap_cache_async` with `swap_read_folio`), for a fault and for
+    /// both readaheads: a page cached for the slot is returned as it is;
+    /// otherwise a new page (`gfp`), `swapcache_prepare` (of concurrent
+    /// callers one wins, the others get `Busy`), locked, added to the cache,
+    /// read and verified. Any failure undoes what was done.
+    pub(crate) fn read_swap_cache(
+        &self,
+        dev: &SwapInfoStruct,
+        entry: SwapEntry,
+        gfp: Gfp,
+    ) -> Result<SwapCacheRead<'_>, SwapInFail> {
+        dev.slot(entry).map_err(SwapInFail::Slot)?;
+        if let Some(pfn) = dev.lookup_swap_cache(entry) {
+            return Ok(SwapCacheRead::Cached(Pfn::new(pfn as u64)));
         }
+        let page = self
+            .alloc_owned_pages(gfp, 0)
+            .map_err(SwapInFail::NoMemory)?;
+        match dev.swapcache_prepare(entry) {
+            Ok(()) => {}
+            Err(e) => {
+                self.free_owned_pages(page, 0)
+                    .expect("our unpublished page");
+                return match e {
+                    SwapError::Map(MapError::CacheBusy(_)) => Ok(SwapCacheRead::Busy),
+                    e => Err(SwapInFail::Slot(e)),
+                };
+            }
+        }
+        let mut lock = self.lock_page(page);
+        self.swapcache_add(dev, &lock, entry);
+        if let Err(e) = dev.swap_readpage(entry, lock.bytes_mut()) {
+            self.swapin_undo(dev, lock);
+            return Err(SwapInFail::Read(e));
+        }
+        Ok(SwapCacheRead::Read(lock))
+    }
+
+    /// Takes back a page that `read_swap_cache` read and nothing mapped: out
+    /// of the swap cache (with the cache's slot reference), unlocked, freed.
+    pub(crate) fn swapin_undo(&self, dev: &SwapInfoStruct, lock: PageGuard<'_>) {
+        self.swapcache_drop(dev, &lock);
+        let page = lock.pfn();
+        drop(lock);
+        self.free_owned_pages(page, 0)
+            .expect("a page the swap cache alone held");
+    }
+
+    /// Reads `entry` of the pinned `dev` ahead into the swap cache: a page of
+    /// its own, unmapped, `PG_READAHEAD`, queued. False (nothing changed) when
+    /// the slot is free, already cached or being read, no page is free without
+    /// reclaim, or the read fails (a later fault reads it again and reports).
+    pub(crate) fn swap_readahead_one(&self, dev: &SwapInfoStruct, entry: SwapEntry) -> bool {
+        let Ok(SwapCacheRead::Read(lock)) = self.read_swap_cache(dev, entry, Gfp::MOVABLE_NOWAIT)
+        else {
+            return false;
+        };
+        let page = lock.pfn();
         desc(self, page).set_flag(PG_READAHEAD);
         drop(lock);
         let pa = self.page_alloc();
         pa.count_vm_event(VmEvent::SwapRa, 1);
         pa.count_vm_event(VmEvent::PswpIn, 1);
         let full = {
-            let mut q = swap.ra().queue.lock();
+            let mut q = self.swap().ra().queue.lock();
             q.push_back((page.get() as u32, entry));
             q.len() > SWAP_RA_QUEUE_MAX
         };
@@ -373,19 +469,25 @@ impl crate::Mm {
         true
     }
 
-    /// Drops the page cached for `entry` if it is a read-ahead page no fault
-    /// mapped (Linux's `__try_to_reclaim_swap`, as `free_swap_and_cache` uses
-    /// it once the last PTE of the slot is gone); frees its slot with it.
-    pub(crate) fn try_to_reclaim_swap(&self, entry: SwapEntry) -> bool {
-        let Some(pfn) = self.swap().lookup_swap_cache(entry) else {
+    /// Drops the page cached for `entry` of the pinned `dev` if it is a
+    /// read-ahead page no fault mapped (Linux's `__try_to_reclaim_swap`, as
+    /// `free_swap_and_cache` uses it once the last PTE of the slot is gone);
+    /// frees its slot with it.
+    pub(crate) fn try_to_reclaim_swap(&self, dev: &SwapInfoStruct, entry: SwapEntry) -> bool {
+        let Some(pfn) = dev.lookup_swap_cache(entry) else {
             return false;
         };
         let lock = self.lock_page(Pfn::new(pfn as u64));
-        self.drop_readahead_page(lock, entry)
+        self.drop_readahead_page(dev, lock, entry)
     }
 
     /// Drops the locked page if it still caches `entry` unmapped, read ahead.
-    fn drop_readahead_page(&self, lock: PageGuard<'_>, entry: SwapEntry) -> bool {
+    fn drop_readahead_page(
+        &self,
+        dev: &SwapInfoStruct,
+        lock: PageGuard<'_>,
+        entry: SwapEntry,
+    ) -> bool {
         let d = desc(self, lock.pfn());
         if self.swapcache_entry(&lock) != Some(entry)
             || !d.test_flag(PG_READAHEAD)
@@ -394,39 +496,46 @@ impl crate::Mm {
             return false;
         }
         d.clear_flag(PG_READAHEAD);
-        self.swapcache_drop(&lock);
-        let pfn = lock.pfn();
-        drop(lock);
-        self.free_owned_pages(pfn, 0)
-            .expect("a read-ahead page is the cache's");
+        self.swapin_undo(dev, lock);
         true
     }
 
     /// Reclaim's share: drops up to `n` read-ahead pages that no fault used,
     /// oldest first; returns how many were freed.
     pub(crate) fn shrink_readahead(&self, n: usize) -> u64 {
+        let swap = self.swap();
+        let mut pins = SwapPins::default();
         let mut freed = 0;
         let mut looked = 0;
         while (freed as usize) < n && looked < 4 * n.max(1) {
-            let Some((pfn, entry)) = self.swap().ra().queue.lock().pop_front() else {
+            let Some((pfn, entry)) = swap.ra().queue.lock().pop_front() else {
                 break;
             };
             looked += 1;
+            // A stale queue entry may name a device gone since: its page left
+            // the cache before the device could go.
+            let Some(dev) = pins.get(swap, entry) else {
+                continue;
+            };
             match self.trylock_page(Pfn::new(pfn as u64)) {
-                Some(lock) => freed += u64::from(self.drop_readahead_page(lock, entry)),
+                Some(lock) => freed += u64::from(self.drop_readahead_page(dev, lock, entry)),
                 // In use this moment (a fault mapping it): look again later.
-                None => self.swap().ra().queue.lock().push_back((pfn, entry)),
+                None => swap.ra().queue.lock().push_back((pfn, entry)),
             }
         }
         freed
     }
 
-    /// Puts the locked page `page` in the swap cache for `entry` (whose slot
-    /// holds the cache's reference): the index entry, `PG_SWAPCACHE` and the
-    /// page's `swap_entry` (Linux's `add_to_swap_cache`).
-    pub(crate) fn swapcache_add(&self, page: &PageGuard<'_>, entry: SwapEntry) {
-        self.swap()
-            .add_to_swap_cache(entry, page.pfn().get() as u32)
+    /// Puts the locked page `page` in the swap cache of the pinned `dev` for
+    /// `entry` (whose slot holds the cache's reference): the index entry,
+    /// `PG_SWAPCACHE` and the page's `swap_entry` (Linux's `add_to_swap_cache`).
+    pub(crate) fn swapcache_add(
+        &self,
+        dev: &SwapInfoStruct,
+        page: &PageGuard<'_>,
+        entry: SwapEntry,
+    ) {
+        dev.add_to_swap_cache(entry, page.pfn().get() as u32)
             .expect("the slot's swap-cache reference is ours");
         let d = desc(self, page.pfn());
         d.swap_entry()
@@ -443,18 +552,38 @@ impl crate::Mm {
         Pte::from_raw(d.swap_entry().load(Ordering::Relaxed)).swap_entry()
     }
 
-    /// Takes the locked page out of the swap cache, if it is in it, and drops
-    /// the cache's slot reference, which frees the slot when no PTE holds it
-    /// (Linux's `delete_from_swap_cache` + `put_swap_folio`). Its entry, if any.
-    pub(crate) fn swapcache_drop(&self, page: &PageGuard<'_>) -> Option<SwapEntry> {
+    /// Takes the locked page out of the swap cache of the pinned `dev`, if it
+    /// is in it, and drops the cache's slot reference, which frees the slot
+    /// when no PTE holds it (Linux's `delete_from_swap_cache` +
+    /// `put_swap_folio`). Its entry, if any.
+    pub(crate) fn swapcache_drop(
+        &self,
+        dev: &SwapInfoStruct,
+        page: &PageGuard<'_>,
+    ) -> Option<SwapEntry> {
         let entry = self.swapcache_entry(page)?;
         let d = desc(self, page.pfn());
-        self.swap()
-            .delete_from_swap_cache(entry, page.pfn().get() as u32);
+        if !dev.delete_from_swap_cache(entry, page.pfn().get() as u32) {
+            self.swap_bad_entry(entry, &"its page was not in its device's swap cache");
+        }
         d.clear_flag(PG_SWAPCACHE);
         d.swap_entry().store(0, Ordering::Relaxed);
-        let _ = self.swap().swapcache_clear(entry);
+        if let Err(e) = dev.swapcache_clear(entry) {
+            self.swap_bad_entry(entry, &e);
+        }
         Some(entry)
+    }
+
+    /// `swapcache_drop` for a path that has not pinned the page's device.
+    pub(crate) fn swapcache_drop_page(&self, page: &PageGuard<'_>) -> Option<SwapEntry> {
+        let entry = self.swapcache_entry(page)?;
+        match self.swap().get(entry) {
+            Some(dev) => self.swapcache_drop(&dev, page),
+            None => {
+                self.swap_bad_entry(entry, &"a page in the swap cache names no device");
+                None
+            }
+        }
     }
 }
 

@@ -1,9 +1,11 @@
 //! Swap devices (Linux's `mm/swapfile.c`, the `swap_info` half): what a user asks
 //! for ([`SwapDevice`]), what `/proc/swaps` shows ([`SwapInfo`]), and the set of
 //! devices that are on ([`SwapDevices`]): `swapon` with its validation, `swapoff`,
-//! slot allocation across devices by priority, and the per-entry operations
-//! (`swap_duplicate`, `swap_free`, the swap cache, I/O) routed to the device an
-//! entry names.
+//! slot allocation across devices by priority, and the device an entry names
+//! ([`SwapDevices::get`], Linux's `get_swap_device`): a [`DeviceRef`] that pins
+//! it, on which the per-slot operations run (`swap_device.rs`). Nothing here
+//! routes an entry: a path looks its device up once per operation, or once per
+//! device for a batch ([`SwapPins`]).
 //!
 //! A swap entry is [`crate::pgtable::SwapEntry`]: `ty` is the device's type (its
 //! index in the set, `0..=SwapEntry::MAX_TYPE`), `offset` its slot.
@@ -18,21 +20,26 @@
 //! a later step fails: a refused call changes nothing. `swapoff` refuses a device
 //! with slots in use (bringing the pages back belongs to reclaim). A [`SwapId`]
 //! carries a generation, so an id of a device that went off names nothing, even
-//! after its type is reused.
+//! after its type is reused. A [`DeviceRef`] keeps its device alive after
+//! `swapoff` took it out of the table (see `swap_device.rs`). [`SwapTotals`]
+//! keeps the slot and cache counts over all devices, so a swap-in's policy
+//! question (`should_free_swap`) reads no table.
 //!
 //! Locking: the table of devices is a `ShardedLock` (per-thread read shards, so
 //! the allocation and fault paths scale), written by `swapon`/`swapoff`, which
-//! are serialized by `swapon_mutex`. Each device's own locks are described in
-//! `swap_cluster.rs` (map, clusters), `swap_state.rs` (cache), `page_io.rs` (I/O).
+//! are serialized by `swapon_mutex`; `writeok` and `on` of a device are written
+//! under the table's write lock and read without it. Each device's own locks
+//! are described in `swap_cluster.rs` (map, clusters), `swap_state.rs` (cache),
+//! `page_io.rs` (I/O).
 
 use std::fmt;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crossbeam_utils::sync::ShardedLock;
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard};
 use mmkit_core::{LockStats, PAGE_SIZE};
 
 use crate::error::setup_err;
@@ -42,6 +49,7 @@ use crate::page_io::{
 };
 use crate::pgtable::SwapEntry;
 use crate::swap_cluster::{SwapAllocPolicy, SwapMap, SWAPFILE_CLUSTER};
+pub(crate) use crate::swap_device::{DeviceRef, SwapPins, SwapTotals};
 use crate::swap_state::{SwapCache, SwapCacheIndex, SwapRa, SwapReadahead};
 use crate::{Error, Mm};
 
@@ -195,7 +203,7 @@ type Validated = (u32, Option<(u64, u64)>, bool);
 
 /// One device that is on (Linux's `swap_info_struct`).
 pub(crate) struct SwapInfoStruct {
-    id: SwapId,
+    pub(crate) id: SwapId,
     prio: i32,
     kind: SwapKind,
     name: String,
@@ -204,6 +212,11 @@ pub(crate) struct SwapInfoStruct {
     pub(crate) map: SwapMap,
     pub(crate) cache: SwapCache,
     pub(crate) io: SwapIo,
+    /// Takes allocations (Linux's `SWP_WRITEOK`): false once `swapoff` began.
+    pub(crate) writeok: AtomicBool,
+    /// In the table (false once `swapoff` removed it).
+    pub(crate) on: AtomicBool,
+    pub(crate) totals: Arc<SwapTotals>,
 }
 
 impl SwapInfoStruct {
@@ -266,6 +279,7 @@ pub enum SwapFreePolicy {
 
 /// The devices that are on, and the policies new devices get.
 pub(crate) struct SwapDevices {
+    totals: Arc<SwapTotals>,
     alloc: SwapAllocPolicy,
     index: SwapCacheIndex,
     free_policy: SwapFreePolicy,
@@ -274,6 +288,9 @@ pub(crate) struct SwapDevices {
     table: ShardedLock<Table>,
     swapon_mutex: Mutex<()>,
     rr: AtomicUsize,
+    /// Reads of `table` (a debug count: how often a path looks a device up).
+    #[cfg(test)]
+    table_reads: std::sync::atomic::AtomicU64,
 }
 
 impl SwapDevices {
@@ -285,6 +302,7 @@ impl SwapDevices {
         nr_cpus: usize,
     ) -> SwapDevices {
         SwapDevices {
+            totals: Arc::new(SwapTotals::new(nr_cpus)),
             alloc,
             index,
             free_policy,
@@ -296,7 +314,22 @@ impl SwapDevices {
             }),
             swapon_mutex: Mutex::new(()),
             rr: AtomicUsize::new(0),
+            #[cfg(test)]
+            table_reads: Default::default(),
         }
+    }
+
+    /// Reads the device table (counted in tests: see `table_reads`).
+    fn read_table(&self) -> ShardedLockReadGuard<'_, Table> {
+        #[cfg(test)]
+        self.table_reads.fetch_add(1, Ordering::Relaxed);
+        self.table.read().unwrap()
+    }
+
+    /// How many times the device table was read.
+    #[cfg(test)]
+    pub(crate) fn table_reads(&self) -> u64 {
+        self.table_reads.load(Ordering::Relaxed)
     }
 
     fn validate(&self, t: &Table, dev: &SwapDevice) -> Result<Validated, SwapError> {
@@ -375,7 +408,7 @@ impl SwapDevices {
     /// Turns a device on (Linux's `swapon`).
     pub(crate) fn swapon(&self, dev: SwapDevice) -> Result<SwapId, SwapError> {
         let _serial = self.swapon_mutex.lock().unwrap_or_else(|e| e.into_inner());
-        let (ty, mut file_id, existed) = self.validate(&self.table.read().unwrap(), &dev)?;
+        let (ty, mut file_id, existed) = self.validate(&self.read_table(), &dev)?;
         let nr_slots = (dev.bytes / PAGE_SIZE as u64) as u32;
         let (backend, kind, name) = match dev.source {
             Source::Ram => (
@@ -424,7 +457,13 @@ impl SwapDevices {
             map: SwapMap::new(nr_slots, self.alloc, self.nr_cpus, seed),
             cache: SwapCache::new(self.index, nr_slots),
             io: SwapIo::new(backend, nr_slots),
+            writeok: AtomicBool::new(true),
+            on: AtomicBool::new(true),
+            totals: self.totals.clone(),
         });
+        self.totals
+            .total
+            .fetch_add(nr_slots as u64, Ordering::Relaxed);
         if t.by_type.len() == ty as usize {
             t.by_type.push(None);
         }
@@ -455,6 +494,12 @@ impl SwapDevices {
         }
         t.by_type[id.ty as usize] = None;
         t.avail.retain(|d| d.id != id);
+        // Closing now, if it was not, and out of the table.
+        self.totals.set_writeok(&si, false);
+        self.totals.closing.fetch_sub(1, Ordering::Relaxed);
+        si.on.store(false, Ordering::Release);
+        let n = si.map.nr_slots() as u64;
+        self.totals.total.fetch_sub(n, Ordering::Relaxed);
         Ok(())
     }
 
@@ -467,6 +512,7 @@ impl SwapDevices {
             _ => return Err(SwapError::NoSuchDevice { id }),
         };
         t.avail.retain(|d| d.id != id);
+        self.totals.set_writeok(&si, on);
         if on {
             let at = t
                 .avail
@@ -483,28 +529,15 @@ impl SwapDevices {
         &self.ra
     }
 
-    /// Does device `ty` take allocations (false once `swapoff` began)?
-    pub(crate) fn allocatable(&self, ty: u32) -> bool {
-        let t = self.table.read().unwrap();
-        t.avail.iter().any(|d| d.id.ty == ty)
-    }
-
-    /// Should a page just read back from `entry`'s slot free it (a read
-    /// fault; `resident` is the arena's pages in use)? Always when its device
-    /// is being swapped off; otherwise as [`SwapFreePolicy`] says. One read of
-    /// the device table per swap-in.
-    pub(crate) fn should_free_swap(&self, entry: SwapEntry, resident: u64) -> bool {
-        let t = self.table.read().unwrap();
-        if !t.avail.iter().any(|d| d.id.ty == entry.ty()) {
+    /// Should a page just read back from a slot of `dev` free it (a read
+    /// fault; `resident` is the arena's pages in use)? Always when the device
+    /// is being swapped off; otherwise as [`SwapFreePolicy`] says, from the
+    /// [`SwapTotals`]: no read of the device table.
+    pub(crate) fn should_free_swap(&self, dev: &SwapInfoStruct, resident: u64) -> bool {
+        if !dev.writeok() {
             return true;
         }
-        let (mut total, mut free, mut cached) = (0, 0, 0);
-        for si in t.by_type.iter().flatten() {
-            let n = si.map.nr_slots() as u64;
-            total += n;
-            free += n - si.map.inuse().min(n);
-            cached += si.cache.nr_cached();
-        }
+        let (total, free, cached) = self.totals.read();
         match self.free_policy {
             // Linux's `vm_swap_full`: more than half of all swap in use.
             SwapFreePolicy::HalfFull => free * 2 < total,
@@ -514,19 +547,19 @@ impl SwapDevices {
         }
     }
 
-    /// Pages in the swap caches of all devices (`SwapCached`).
+    /// Pages in the swap caches of all devices (`SwapCached`), from the
+    /// [`SwapTotals`].
     pub(crate) fn nr_cached(&self) -> u64 {
-        let t = self.table.read().unwrap();
-        t.by_type
-            .iter()
-            .flatten()
-            .map(|si| si.cache.nr_cached())
-            .sum()
+        self.totals.read().2
     }
 
-    /// Free slots on the devices that take allocations.
+    /// Free slots on the devices that take allocations: from the
+    /// [`SwapTotals`] unless a `swapoff` is under way.
     pub(crate) fn nr_free_allocatable(&self) -> u64 {
-        let t = self.table.read().unwrap();
+        if self.totals.closing.load(Ordering::Relaxed) == 0 {
+            return self.totals.read().1;
+        }
+        let t = self.read_table();
         t.avail
             .iter()
             .map(|si| (si.map.nr_slots() as u64).saturating_sub(si.map.inuse()))
@@ -535,9 +568,15 @@ impl SwapDevices {
 
     /// Allocates up to `n` slots for CPU `cpu`, all on one device, the first in
     /// priority order (round robin among equals) that has free slots; appends
-    /// them to `out` (each with its swap-cache reference) and returns how many.
-    pub(crate) fn get_swap_pages(&self, cpu: usize, n: usize, out: &mut Vec<SwapEntry>) -> usize {
-        let t = self.table.read().unwrap();
+    /// them to `out` (each with its swap-cache reference) and returns the
+    /// device, pinned; `None` when no device had a free slot.
+    pub(crate) fn get_swap_pages(
+        &self,
+        cpu: usize,
+        n: usize,
+        out: &mut Vec<SwapEntry>,
+    ) -> Option<DeviceRef> {
+        let t = self.read_table();
         let mut slots = Vec::with_capacity(n);
         let mut i = 0;
         while i < t.avail.len() {
@@ -552,111 +591,37 @@ impl SwapDevices {
                 let si = &t.avail[i + (start + k) % group];
                 if si.map.get_swap_pages(cpu, n, &mut slots) > 0 {
                     let ty = si.id.ty;
+                    self.totals.slots(slots.len() as i64);
                     out.extend(
                         slots
                             .iter()
                             .map(|&s| SwapEntry::new(ty, s as u64).expect("type and slot fit")),
                     );
-                    return slots.len();
+                    return Some(DeviceRef(si.clone()));
                 }
             }
             i += group;
         }
-        0
+        None
     }
 
-    /// Runs `f` on the device of `entry` with its slot, or refuses the entry.
-    fn with_entry<R>(
-        &self,
-        entry: SwapEntry,
-        f: impl FnOnce(&SwapInfoStruct, u32) -> Result<R, SwapError>,
-    ) -> Result<R, SwapError> {
-        let t = self.table.read().unwrap();
+    /// The device `entry` names, pinned (Linux's `get_swap_device`): one read
+    /// of the table. `None` when no device of its type is on or the offset is
+    /// past its end; the caller knows whether that is a race it lost (its
+    /// entry changed meanwhile) or a bad entry ([`Mm::swap_bad_entry`]).
+    pub(crate) fn get(&self, entry: SwapEntry) -> Option<DeviceRef> {
+        let t = self.read_table();
         match t.by_type.get(entry.ty() as usize) {
             Some(Some(si)) if entry.offset() < si.map.nr_slots() as u64 => {
-                f(si, entry.offset() as u32)
+                Some(DeviceRef(si.clone()))
             }
-            _ => Err(SwapError::BadEntry { entry }),
+            _ => None,
         }
-    }
-
-    /// Adds a reference to an in-use entry (`swap_duplicate`).
-    pub(crate) fn swap_duplicate(&self, entry: SwapEntry) -> Result<(), SwapError> {
-        self.with_entry(entry, |si, s| Ok(si.map.swap_duplicate(s)?))
-    }
-
-    /// Drops a reference (`swap_free`); returns the map byte left (0: the slot is
-    /// free, and its checksum forgotten).
-    pub(crate) fn swap_free(&self, entry: SwapEntry) -> Result<u8, SwapError> {
-        self.with_entry(entry, |si, s| {
-            Ok(si.map.swap_free(s, &mut |x| si.io.invalidate(x))?)
-        })
-    }
-
-    /// Claims the swap-cache reference of an in-use entry (`swapcache_prepare`).
-    pub(crate) fn swapcache_prepare(&self, entry: SwapEntry) -> Result<(), SwapError> {
-        self.with_entry(entry, |si, s| Ok(si.map.swapcache_prepare(s)?))
-    }
-
-    /// Drops the swap-cache reference (`put_swap_folio`).
-    pub(crate) fn swapcache_clear(&self, entry: SwapEntry) -> Result<u8, SwapError> {
-        self.with_entry(entry, |si, s| {
-            Ok(si.map.swapcache_clear(s, &mut |x| si.io.invalidate(x))?)
-        })
-    }
-
-    /// Writes a page to an entry's slot (`swap_writepage`).
-    #[cfg_attr(any(not(test), loom), allow(dead_code))] // used by the unit tests
-    pub(crate) fn swap_writepage(&self, entry: SwapEntry, page: &[u8]) -> Result<(), SwapError> {
-        self.with_entry(entry, |si, s| Ok(si.io.swap_writepage(s, page)?))
-    }
-
-    /// Writes pages to the contiguous slots from `first` on, in one request.
-    pub(crate) fn swap_writepages(
-        &self,
-        first: SwapEntry,
-        pages: &[&[u8]],
-    ) -> Result<(), SwapError> {
-        self.with_entry(first, |si, s| {
-            if s as u64 + pages.len() as u64 > si.map.nr_slots() as u64 {
-                return Err(SwapError::BadEntry { entry: first });
-            }
-            Ok(si.io.swap_writepages(s, pages)?)
-        })
-    }
-
-    /// Reads an entry's slot and verifies its checksum (`swap_read_folio`).
-    pub(crate) fn swap_readpage(&self, entry: SwapEntry, page: &mut [u8]) -> Result<(), SwapError> {
-        self.with_entry(entry, |si, s| Ok(si.io.swap_readpage(s, page)?))
-    }
-
-    /// Puts `pfn` in the swap cache for `entry`.
-    pub(crate) fn add_to_swap_cache(&self, entry: SwapEntry, pfn: u32) -> Result<(), SwapError> {
-        self.with_entry(entry, |si, s| {
-            Ok(si.cache.add_to_swap_cache(&si.map, s, pfn)?)
-        })
-    }
-
-    /// The pfn cached for `entry`.
-    pub(crate) fn lookup_swap_cache(&self, entry: SwapEntry) -> Option<u32> {
-        self.with_entry(entry, |si, s| Ok(si.cache.lookup_swap_cache(s)))
-            .ok()
-            .flatten()
-    }
-
-    /// Removes `entry -> pfn` from the swap cache; false when it was not there.
-    pub(crate) fn delete_from_swap_cache(&self, entry: SwapEntry, pfn: u32) -> bool {
-        self.with_entry(entry, |si, s| {
-            Ok(si.cache.delete_from_swap_cache(&si.map, s, pfn))
-        })
-        .unwrap_or(false)
     }
 
     /// The devices that are on, by type.
     pub(crate) fn swap_info(&self) -> Vec<SwapInfo> {
-        self.table
-            .read()
-            .unwrap()
+        self.read_table()
             .by_type
             .iter()
             .flatten()
@@ -671,7 +636,7 @@ impl SwapDevices {
 
     /// Swap pages in total, and free (for `SwapTotal` / `SwapFree`).
     pub(crate) fn nr_swap_pages(&self) -> (u64, u64) {
-        let t = self.table.read().unwrap();
+        let t = self.read_table();
         t.by_type
             .iter()
             .flatten()
@@ -684,7 +649,7 @@ impl SwapDevices {
     /// Lock statistics summed over the devices: (device locks, cluster locks,
     /// swap-cache trunk locks).
     pub(crate) fn lock_stats(&self) -> (LockStats, LockStats, LockStats) {
-        let t = self.table.read().unwrap();
+        let t = self.read_table();
         let mut out = (
             LockStats::default(),
             LockStats::default(),
@@ -706,11 +671,33 @@ impl SwapDevices {
 
     /// Verifies every device's map (call it quiet).
     pub(crate) fn check(&self) -> Result<(), String> {
-        let t = self.table.read().unwrap();
+        let t = self.read_table();
+        let (mut total, mut free, mut cached) = (0, 0, 0);
         for si in t.by_type.iter().flatten() {
             si.map
                 .check()
                 .map_err(|e| format!("swap device {:?}: {e}", si.id))?;
+            let n = si.map.nr_slots() as u64;
+            (total, free) = (total + n, free + n - si.map.inuse().min(n));
+            cached += si.cache.nr_cached();
+        }
+        let closing = t
+            .by_type
+            .iter()
+            .flatten()
+            .filter(|si| !si.writeok())
+            .count();
+        if closing != self.totals.closing.load(Ordering::Relaxed) {
+            return Err(format!(
+                "{closing} devices closing, the totals say otherwise"
+            ));
+        }
+        let counted = self.totals.read();
+        if counted != (total, free, cached) {
+            return Err(format!(
+                "swap totals (slots, free, cached) {counted:?}, the devices say {:?}",
+                (total, free, cached)
+            ));
         }
         Ok(())
     }
@@ -796,7 +783,7 @@ impl Mm {
     /// Can reclaim free anything now: a device with free slots, or pages in the
     /// swap cache (a clean one goes out without a new slot)?
     pub(crate) fn can_swap_out(&self) -> bool {
-        self.swap().nr_free_allocatable() > 0 || self.swap().nr_cached() > 0
+        self.swap().nr_cached() > 0 || self.swap().nr_free_allocatable() > 0
     }
 }
 

@@ -19,6 +19,19 @@ fn devices(alloc: SwapAllocPolicy, index: SwapCacheIndex) -> SwapDevices {
     )
 }
 
+/// Allocates up to `n` slots; how many it got.
+fn get_slots(d: &SwapDevices, cpu: usize, n: usize, e: &mut Vec<SwapEntry>) -> usize {
+    let before = e.len();
+    let dev = d.get_swap_pages(cpu, n, e);
+    assert_eq!(dev.is_some(), e.len() > before);
+    e.len() - before
+}
+
+/// The device of an entry that names one.
+fn pin(d: &SwapDevices, x: SwapEntry) -> DeviceRef {
+    d.get(x).expect("the entry names a device that is on")
+}
+
 fn page(tag: u8) -> Vec<u8> {
     (0..PAGE_SIZE)
         .map(|i| (i as u8).wrapping_add(tag))
@@ -107,7 +120,7 @@ fn swapon_refuses_bad_input_and_changes_nothing() {
     assert_eq!(d.swapoff(stale), Err(SwapError::NoSuchDevice { id: stale }));
     // A device with a slot in use stays on.
     let mut e = Vec::new();
-    assert_eq!(d.get_swap_pages(0, 1, &mut e), 1);
+    assert_eq!(get_slots(&d, 0, 1, &mut e), 1);
     assert_eq!(
         d.swapoff(on),
         Err(SwapError::Busy {
@@ -116,7 +129,7 @@ fn swapon_refuses_bad_input_and_changes_nothing() {
         })
     );
     assert_eq!(d.swap_info().len(), 1);
-    assert_eq!(d.swapcache_clear(e[0]), Ok(0));
+    assert_eq!(pin(&d, e[0]).swapcache_clear(e[0]), Ok(0));
     d.swapoff(on).unwrap();
     assert!(d.swap_info().is_empty());
     assert_eq!(d.swapoff(on), Err(SwapError::NoSuchDevice { id: on }));
@@ -150,16 +163,16 @@ fn slots_come_by_priority_then_round_robin() {
     let hi2 = d.swapon(SwapDevice::ram(2 * MB).priority(5)).unwrap();
     let mut e = Vec::new();
     for _ in 0..100 {
-        assert_eq!(d.get_swap_pages(0, 1, &mut e), 1);
+        assert_eq!(get_slots(&d, 0, 1, &mut e), 1);
     }
     let on = |e: &Vec<SwapEntry>, id: SwapId| e.iter().filter(|x| x.ty() == id.swap_type()).count();
     assert_eq!((on(&e, hi1), on(&e, hi2), on(&e, low)), (50, 50, 0));
     // Fill both high devices: the rest comes from the low one.
-    while d.get_swap_pages(1, 64, &mut e) > 0 {}
+    while get_slots(&d, 1, 64, &mut e) > 0 {}
     assert_eq!((on(&e, hi1), on(&e, hi2), on(&e, low)), (512, 512, 512));
     d.check().unwrap();
     for x in &e {
-        assert_eq!(d.swapcache_clear(*x), Ok(0));
+        assert_eq!(pin(&d, *x).swapcache_clear(*x), Ok(0));
     }
     assert_eq!(d.nr_swap_pages(), (1536, 1536));
 }
@@ -174,34 +187,36 @@ fn entries_round_trip_through_map_cache_and_io() {
         let d = devices(alloc, index);
         d.swapon(SwapDevice::ram(2 * MB)).unwrap();
         let mut e = Vec::new();
-        d.get_swap_pages(1, 3, &mut e);
+        get_slots(&d, 1, 3, &mut e);
         // Swap-out: cache, write, the PTE's reference, leave the cache.
         for (i, &x) in e.iter().enumerate() {
-            d.add_to_swap_cache(x, 100 + i as u32).unwrap();
-            d.swap_writepage(x, &page(i as u8)).unwrap();
-            d.swap_duplicate(x).unwrap();
-            assert!(d.delete_from_swap_cache(x, 100 + i as u32));
-            assert_eq!(d.swapcache_clear(x), Ok(1));
+            let v = pin(&d, x);
+            v.add_to_swap_cache(x, 100 + i as u32).unwrap();
+            v.swap_writepage(x, &page(i as u8)).unwrap();
+            v.swap_duplicate(x).unwrap();
+            assert!(v.delete_from_swap_cache(x, 100 + i as u32));
+            assert_eq!(v.swapcache_clear(x), Ok(1));
         }
         assert_eq!(d.swap_info()[0].used_pages, 3);
         // Swap-in: claim the cache, read, map, free the slot.
         let mut buf = vec![0u8; PAGE_SIZE];
         for (i, &x) in e.iter().enumerate() {
-            d.swapcache_prepare(x).unwrap();
+            let v = pin(&d, x);
+            v.swapcache_prepare(x).unwrap();
             assert!(matches!(
-                d.swapcache_prepare(x),
+                v.swapcache_prepare(x),
                 Err(SwapError::Map(MapError::CacheBusy(_)))
             ));
-            d.add_to_swap_cache(x, 200).unwrap();
-            assert_eq!(d.lookup_swap_cache(x), Some(200));
-            d.swap_readpage(x, &mut buf).unwrap();
+            v.add_to_swap_cache(x, 200).unwrap();
+            assert_eq!(v.lookup_swap_cache(x), Some(200));
+            v.swap_readpage(x, &mut buf).unwrap();
             assert_eq!(buf, page(i as u8));
-            assert!(d.delete_from_swap_cache(x, 200));
-            assert_eq!(d.swapcache_clear(x), Ok(1));
-            assert_eq!(d.swap_free(x), Ok(0));
+            assert!(v.delete_from_swap_cache(x, 200));
+            assert_eq!(v.swapcache_clear(x), Ok(1));
+            assert_eq!(v.swap_free(x), Ok(0));
             // The freed slot's checksum is forgotten.
             assert!(matches!(
-                d.swap_readpage(x, &mut buf),
+                v.swap_readpage(x, &mut buf),
                 Err(SwapError::Io(SwapIoError::NotWritten { .. }))
             ));
         }
@@ -217,15 +232,20 @@ fn entries_round_trip_through_map_cache_and_io() {
         }
         assert!(cluster.acquisitions > 0);
         d.check().unwrap();
-        // An entry naming no device, or past the end of one, is refused.
+        // An entry naming no device, or past the end of one, names none; a
+        // device refuses an entry past its end, or another device's.
         let none = SwapEntry::new(5, 0).unwrap();
-        assert_eq!(d.swap_free(none), Err(SwapError::BadEntry { entry: none }));
         let past = SwapEntry::new(0, 512).unwrap();
-        assert_eq!(
-            d.swap_duplicate(past),
-            Err(SwapError::BadEntry { entry: past })
-        );
-        assert_eq!(d.lookup_swap_cache(past), None);
+        assert!(d.get(none).is_none() && d.get(past).is_none());
+        let d0 = pin(&d, e[0]);
+        for bad in [none, past] {
+            assert_eq!(d0.swap_free(bad), Err(SwapError::BadEntry { entry: bad }));
+            assert_eq!(
+                d0.swap_duplicate(bad),
+                Err(SwapError::BadEntry { entry: bad })
+            );
+            assert_eq!(d0.lookup_swap_cache(bad), None);
+        }
     }
 }
 
@@ -236,32 +256,32 @@ fn backend_fault_injection_end_to_end() {
     d.swapon(SwapDevice::backend(flaky.clone(), 2 * MB))
         .unwrap();
     let mut e = Vec::new();
-    d.get_swap_pages(0, 2, &mut e);
+    get_slots(&d, 0, 2, &mut e);
     let (x, y) = (e[0], e[1]);
     let mut buf = vec![0u8; PAGE_SIZE];
     // Write error: reported, the slot holds nothing readable; a retry succeeds.
     flaky.fail_write.store(true, Ordering::Relaxed);
     assert!(matches!(
-        d.swap_writepage(x, &page(1)),
+        pin(&d, x).swap_writepage(x, &page(1)),
         Err(SwapError::Io(SwapIoError::Io { .. }))
     ));
     assert!(matches!(
-        d.swap_readpage(x, &mut buf),
+        pin(&d, x).swap_readpage(x, &mut buf),
         Err(SwapError::Io(SwapIoError::NotWritten { .. }))
     ));
     flaky.fail_write.store(false, Ordering::Relaxed);
-    d.swap_writepage(x, &page(1)).unwrap();
+    pin(&d, x).swap_writepage(x, &page(1)).unwrap();
     // Read error, then the device heals.
     flaky.fail_read.store(true, Ordering::Relaxed);
     assert!(matches!(
-        d.swap_readpage(x, &mut buf),
+        pin(&d, x).swap_readpage(x, &mut buf),
         Err(SwapError::Io(SwapIoError::Io { .. }))
     ));
     flaky.fail_read.store(false, Ordering::Relaxed);
-    d.swap_readpage(x, &mut buf).unwrap();
+    pin(&d, x).swap_readpage(x, &mut buf).unwrap();
     assert_eq!(buf, page(1));
     // A corrupted slot is an error, never data.
-    d.swap_writepage(y, &page(2)).unwrap();
+    pin(&d, y).swap_writepage(y, &page(2)).unwrap();
     let mut bad = page(2);
     bad[4095] ^= 0x80;
     flaky
@@ -269,7 +289,7 @@ fn backend_fault_injection_end_to_end() {
         .write(y.offset() * PAGE_SIZE as u64, &bad)
         .unwrap();
     assert!(matches!(
-        d.swap_readpage(y, &mut buf),
+        pin(&d, y).swap_readpage(y, &mut buf),
         Err(SwapError::Io(SwapIoError::Corrupt { .. }))
     ));
     let i = &d.swap_info()[0];
@@ -284,17 +304,17 @@ fn swap_file_round_trip(dir: &Path, dev: impl Fn(PathBuf) -> SwapDevice) -> Swap
     let path = dir.join("mm.swap");
     let id = d.swapon(dev(path.clone())).unwrap();
     let mut e = Vec::new();
-    assert_eq!(d.get_swap_pages(0, 8, &mut e), 8);
+    assert_eq!(get_slots(&d, 0, 8, &mut e), 8);
     // Contiguous slots from one cluster: one batched write.
     assert!(e.windows(2).all(|w| w[1].offset() == w[0].offset() + 1));
     let pages: Vec<Vec<u8>> = (0..8).map(page).collect();
     let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
-    d.swap_writepages(e[0], &refs).unwrap();
+    pin(&d, e[0]).swap_writepages(e[0], &refs).unwrap();
     let mut buf = vec![0u8; PAGE_SIZE];
     for (x, p) in e.iter().zip(&pages) {
-        d.swap_readpage(*x, &mut buf).unwrap();
+        pin(&d, *x).swap_readpage(*x, &mut buf).unwrap();
         assert_eq!(&buf, p);
-        assert_eq!(d.swapcache_clear(*x), Ok(0));
+        assert_eq!(pin(&d, *x).swapcache_clear(*x), Ok(0));
     }
     let info = d.swap_info().remove(0);
     assert_eq!(
@@ -349,23 +369,25 @@ fn swap_out_and_in_from_16_threads() {
                     let mut out = 0u64;
                     for round in 0..20u32 {
                         let mut e = Vec::new();
-                        let n = d.get_swap_pages(t as usize, 4, &mut e);
+                        let n = get_slots(&d, t as usize, 4, &mut e);
                         out += n as u64;
                         let pfn = |i: usize| t * 1000 + round * 10 + i as u32;
                         for (i, &x) in e.iter().enumerate() {
-                            d.add_to_swap_cache(x, pfn(i)).unwrap();
-                            d.swap_writepage(x, &page((t * 7 + round + i as u32) as u8))
+                            let v = pin(&d, x);
+                            v.add_to_swap_cache(x, pfn(i)).unwrap();
+                            v.swap_writepage(x, &page((t * 7 + round + i as u32) as u8))
                                 .unwrap();
-                            d.swap_duplicate(x).unwrap();
-                            assert!(d.delete_from_swap_cache(x, pfn(i)));
-                            assert_eq!(d.swapcache_clear(x), Ok(1));
+                            v.swap_duplicate(x).unwrap();
+                            assert!(v.delete_from_swap_cache(x, pfn(i)));
+                            assert_eq!(v.swapcache_clear(x), Ok(1));
                         }
                         for (i, &x) in e.iter().enumerate() {
-                            d.swapcache_prepare(x).unwrap();
-                            d.swap_readpage(x, &mut buf).unwrap();
+                            let v = pin(&d, x);
+                            v.swapcache_prepare(x).unwrap();
+                            v.swap_readpage(x, &mut buf).unwrap();
                             assert_eq!(buf, page((t * 7 + round + i as u32) as u8));
-                            assert_eq!(d.swapcache_clear(x), Ok(1));
-                            assert_eq!(d.swap_free(x), Ok(0));
+                            assert_eq!(v.swapcache_clear(x), Ok(1));
+                            assert_eq!(v.swap_free(x), Ok(0));
                         }
                     }
                     out
@@ -383,4 +405,105 @@ fn swap_out_and_in_from_16_threads() {
         assert!(info.iter().all(|i| i.pswpout > 0), "{info:?}");
         d.check().unwrap();
     }
+}
+
+/// Device-table reads per page swapped (out by reclaim, or in by a fault):
+/// a pass that only swaps out (a range 3x the arena written), then passes that
+/// read it back (each swap-in makes reclaim swap another page out), with each
+/// readahead policy. Printed (`--nocapture`) and bounded.
+#[test]
+fn device_table_reads_per_swapped_page() {
+    use crate::{MapFlags, Mm, VmEvent};
+    for ra in [
+        SwapReadahead::Off,
+        SwapReadahead::Vma,
+        SwapReadahead::Cluster,
+    ] {
+        let mm = Mm::builder()
+            .memory(16 * MB as usize)
+            .kswapd(false)
+            .swap_readahead(ra)
+            .build()
+            .unwrap();
+        mm.swapon(SwapDevice::ram(64 * MB)).unwrap();
+        let swapped = |mm: &Mm| {
+            let ev = mm.vm_events();
+            ev.get(VmEvent::PgStealDirect)
+                + ev.get(VmEvent::PgStealKswapd)
+                + ev.get(VmEvent::PswpIn)
+        };
+        let s = mm.new_space().unwrap();
+        let pages = 3 * 16 * MB / PAGE_SIZE as u64;
+        let a = s
+            .mmap((pages * PAGE_SIZE as u64) as usize, MapFlags::empty())
+            .unwrap();
+        let (r0, p0) = (mm.swap().table_reads(), swapped(&mm));
+        for i in 0..pages {
+            s.write(a + i * PAGE_SIZE as u64, &i.to_le_bytes()).unwrap();
+        }
+        let (r1, p1) = (mm.swap().table_reads(), swapped(&mm));
+        for i in 0..pages {
+            let mut b = [0u8; 8];
+            s.read(a + i * PAGE_SIZE as u64, &mut b).unwrap();
+            assert_eq!(u64::from_le_bytes(b), i);
+        }
+        let (r2, p2) = (mm.swap().table_reads(), swapped(&mm));
+        let out = (r1 - r0) as f64 / (p1 - p0) as f64;
+        let both = (r2 - r1) as f64 / (p2 - p1) as f64;
+        println!(
+            "{ra:?}: swap-out pass {} reads / {} pages = {out:.2}; read-back pass {} reads / {} pages = {both:.2}",
+            r1 - r0,
+            p1 - p0,
+            r2 - r1,
+            p2 - p1
+        );
+        assert!(p1 > p0 && p2 > p1);
+        // A device lookup per batch and per swap-in at most.
+        assert!(out <= 1.0 && both <= 1.0, "{ra:?}: {out:.2}, {both:.2}");
+    }
+}
+
+/// A pinned device stays usable after `swapoff` took it out of the table (its
+/// map, cache and backend live while pinned), and says it is off; its entries
+/// name no device any more, and the totals follow swapon and swapoff.
+#[test]
+fn a_pinned_device_outlives_swapoff() {
+    let d = devices(SwapAllocPolicy::default(), SwapCacheIndex::default());
+    let id = d.swapon(SwapDevice::ram(2 * MB)).unwrap();
+    let mut e = Vec::new();
+    assert_eq!(get_slots(&d, 0, 1, &mut e), 1);
+    let x = e[0];
+    let dev = pin(&d, x);
+    assert!(dev.is_on() && dev.writeok());
+    dev.swap_writepage(x, &page(3)).unwrap();
+    dev.add_to_swap_cache(x, 7).unwrap();
+    assert_eq!(d.nr_cached(), 1);
+    d.check().unwrap();
+    assert_eq!(d.nr_free_allocatable(), 511);
+    assert_eq!(d.set_allocatable(id, false), Ok(1));
+    assert!(!dev.writeok());
+    assert_eq!(d.nr_free_allocatable(), 0);
+    d.check().unwrap();
+    assert!(
+        d.should_free_swap(&dev, 0),
+        "a device going off frees on swap-in"
+    );
+    assert!(dev.delete_from_swap_cache(x, 7));
+    assert_eq!(dev.swapcache_clear(x), Ok(0));
+    d.check().unwrap();
+    d.swapoff(id).unwrap();
+    assert!(!dev.is_on() && d.get(x).is_none());
+    assert_eq!(d.nr_swap_pages(), (0, 0));
+    assert_eq!(d.nr_cached(), 0);
+    d.check().unwrap();
+    let mut buf = vec![0u8; PAGE_SIZE];
+    assert!(matches!(
+        dev.swap_readpage(x, &mut buf),
+        Err(SwapError::Io(SwapIoError::NotWritten { .. }))
+    ));
+    let slot = x.offset() as u32;
+    assert_eq!(
+        dev.swap_free(x),
+        Err(SwapError::Map(MapError::NotInUse(slot)))
+    );
 }

@@ -9,6 +9,9 @@
 //!    bit tested and cleared through the reverse map (`folio_referenced`): set
 //!    means activate, not reclaim.
 //! 2. Slots for the batch (`get_swap_pages`), each page added to the swap cache.
+//!    The batch's devices are pinned once each (`SwapPins`: the device
+//!    `get_swap_pages` took the slots from, and those of pages still in the
+//!    swap cache) and serve steps 1 to 5.
 //! 3. Write, contiguous slots in one request (`swap_writepages`). With the page
 //!    lock held no accessor reads or writes the page's bytes (`space/mmu.rs`), so
 //!    the copy written is the page's content; a failed write drops the slot and
@@ -51,10 +54,12 @@ use crate::lru::LruList;
 use crate::pgtable::{desc, Pte, SwapEntry, HPAGE_PMD_NR};
 use crate::rmap::{
     self, folio_referenced, folio_referenced_one, page_vma_mapped, rmap_walk, rmap_walk_huge,
-    try_to_unmap_one, PageGuard, RmapWalkControl,
+    try_to_unmap_one, PageGuard, RmapOne, RmapWalkControl,
 };
 use crate::space::HugeSplit;
-use crate::{Mm, Pfn, StdPlatform, PAGE_SIZE};
+use crate::swap_cluster::MapError;
+use crate::swapfile::{SwapError, SwapInfoStruct, SwapPins};
+use crate::{Mm, Pfn, StdPlatform};
 
 /// Pages isolated per scan (Linux's `SWAP_CLUSTER_MAX`).
 pub(crate) const SWAP_CLUSTER_MAX: usize = 32;
@@ -364,6 +369,9 @@ fn shrink_page_list<'a>(
     back: &mut Vec<(Pfn, LruList)>,
 ) -> u64 {
     let mut rwc = RmapWalkControl::default();
+    let swap = mm.swap();
+    // The devices of the batch's slots, each looked up once for the batch.
+    let mut pins = SwapPins::default();
     let mut victims: Vec<Victim<'a>> = Vec::with_capacity(pages.len());
     let mut activated = 0;
     // 1. Locked, unpinned, unreferenced; and does it need writing?
@@ -390,10 +398,17 @@ fn shrink_page_list<'a>(
                 // A page still in the swap cache from its swap-in, and clean
                 // since, has its copy on the slot already.
                 let mut entry = mm.swapcache_entry(&lock);
-                if entry.is_some_and(|e| !mm.swap().allocatable(e.ty())) {
-                    // Its device is going away (swapoff): a new slot elsewhere.
-                    mm.swapcache_drop(&lock);
-                    entry = None;
+                if let Some(e) = entry {
+                    let Some(dev) = pins.get(swap, e) else {
+                        mm.swap_bad_entry(e, &"a cached page names no device");
+                        back.push((pfn, LruList::Inactive));
+                        continue;
+                    };
+                    if !dev.writeok() {
+                        // Its device is going away (swapoff): a new slot elsewhere.
+                        mm.swapcache_drop(dev, &lock);
+                        entry = None;
+                    }
                 }
                 let write = entry.is_none() || dirty || desc(mm, pfn).test_flag(PG_DIRTY);
                 victims.push(Victim {
@@ -408,54 +423,9 @@ fn shrink_page_list<'a>(
     mm.page_alloc()
         .count_vm_event(VmEvent::PgActivate, activated);
     // 2. Slots for the pages that have none, and the swap cache.
-    let swap = mm.swap();
-    let need = victims.iter().filter(|v| v.entry.is_none()).count();
-    let mut entries = Vec::with_capacity(need);
-    let cpu = StdPlatform::cpu_id();
-    while entries.len() < need {
-        if swap.get_swap_pages(cpu, need - entries.len(), &mut entries) == 0 {
-            break;
-        }
-    }
-    let mut fresh = entries.into_iter();
-    for v in victims.iter_mut().filter(|v| v.entry.is_none()) {
-        let Some(e) = fresh.next() else { break };
-        mm.swapcache_add(&v.lock, e);
-        v.entry = Some(e);
-    }
+    add_to_swap(mm, &mut pins, &mut victims);
     // 3. Write what needs it, runs of contiguous slots at once.
-    let mut written: Vec<bool> = victims.iter().map(|v| !v.write).collect();
-    let mut i = 0;
-    while i < victims.len() {
-        let Some(first) = victims[i].entry.filter(|_| victims[i].write) else {
-            i += 1;
-            continue;
-        };
-        let mut j = i + 1;
-        while j < victims.len()
-            && victims[j].write
-            && matches!(victims[j].entry, Some(e) if e.ty() == first.ty()
-                && e.offset() == first.offset() + (j - i) as u64)
-        {
-            j += 1;
-        }
-        let bufs: Vec<&[u8]> = victims[i..j]
-            .iter()
-            // SAFETY: each page is allocated (isolation reference) and locked by us;
-            // no accessor touches a page's bytes without its page lock, so these
-            // 4096 bytes inside the arena do not change while the slices live.
-            .map(|v| unsafe { std::slice::from_raw_parts(mm.page_address(v.pfn), PAGE_SIZE) })
-            .collect();
-        match swap.swap_writepages(first, &bufs) {
-            Ok(()) => {
-                written[i..j].iter_mut().for_each(|w| *w = true);
-                mm.page_alloc()
-                    .count_vm_event(VmEvent::PswpOut, (j - i) as u64);
-            }
-            Err(_) => mm.page_alloc().count_vm_event(VmEvent::SwapIoError, 1),
-        }
-        i = j;
-    }
+    let written = pageout(mm, &mut pins, &victims);
     // 4, 5. Unmap and free, or undo.
     let mut freed = 0;
     for (v, ok) in victims.into_iter().zip(written) {
@@ -463,21 +433,10 @@ fn shrink_page_list<'a>(
             back.push((v.pfn, LruList::Inactive)); // no slot left
             continue;
         };
+        let dev = pins.get(swap, entry).expect("pinned in step 1 or 2");
         let unmapped = ok
             && rmap_walk(mm, &v.lock, &mut rwc, |m| {
-                if swap.swap_duplicate(entry).is_err() {
-                    return false;
-                }
-                match try_to_unmap_one(m, &v.lock, |_| Pte::swap(entry)) {
-                    Some(_) => {
-                        m.space.sub_rss(1);
-                        true
-                    }
-                    None => {
-                        let _ = swap.swap_free(entry);
-                        false
-                    }
-                }
+                try_to_unmap_swap(mm, m, &v.lock, dev, entry)
             })
             .unwrap_or(false);
         if unmapped {
@@ -485,7 +444,7 @@ fn shrink_page_list<'a>(
         }
         // Out of the cache; this frees the slot when the unmap did not happen
         // (no PTE reference): a page that stays is dirty for swap again.
-        mm.swapcache_drop(&v.lock);
+        mm.swapcache_drop(dev, &v.lock);
         desc(mm, v.pfn).clear_flag(PG_DIRTY);
         drop(v.lock);
         if unmapped {
@@ -503,4 +462,97 @@ fn shrink_page_list<'a>(
         }
     }
     freed
+}
+
+/// Step 2 (Linux's `folio_alloc_swap`): slots for the victims that have none,
+/// from one device or more (each pinned into `pins`), and each such page into
+/// the swap cache. Victims left without a slot keep `entry == None`.
+fn add_to_swap(mm: &Mm, pins: &mut SwapPins, victims: &mut [Victim<'_>]) {
+    let swap = mm.swap();
+    let need = victims.iter().filter(|v| v.entry.is_none()).count();
+    let mut entries = Vec::with_capacity(need);
+    let cpu = StdPlatform::cpu_id();
+    while entries.len() < need {
+        match swap.get_swap_pages(cpu, need - entries.len(), &mut entries) {
+            Some(dev) => pins.add(dev),
+            None => break,
+        }
+    }
+    let mut fresh = entries.into_iter();
+    for v in victims.iter_mut().filter(|v| v.entry.is_none()) {
+        let Some(e) = fresh.next() else { break };
+        let dev = pins.get(swap, e).expect("pinned by get_swap_pages");
+        mm.swapcache_add(dev, &v.lock, e);
+        v.entry = Some(e);
+    }
+}
+
+/// Step 3 (Linux's `pageout`): writes the victims that need it, runs of
+/// contiguous slots in one request each; which victims' slots hold their
+/// content now.
+fn pageout(mm: &Mm, pins: &mut SwapPins, victims: &[Victim<'_>]) -> Vec<bool> {
+    let swap = mm.swap();
+    let mut written: Vec<bool> = victims.iter().map(|v| !v.write).collect();
+    let mut i = 0;
+    while i < victims.len() {
+        let Some(first) = victims[i].entry.filter(|_| victims[i].write) else {
+            i += 1;
+            continue;
+        };
+        let mut j = i + 1;
+        while j < victims.len()
+            && victims[j].write
+            && matches!(victims[j].entry, Some(e) if e.ty() == first.ty()
+                && e.offset() == first.offset() + (j - i) as u64)
+        {
+            j += 1;
+        }
+        // Each page is held by its isolation reference and locked by us.
+        let bufs: Vec<&[u8]> = victims[i..j].iter().map(|v| v.lock.bytes()).collect();
+        let dev = pins.get(swap, first).expect("pinned in step 1 or 2");
+        match dev.swap_writepages(first, &bufs) {
+            Ok(()) => {
+                written[i..j].iter_mut().for_each(|w| *w = true);
+                mm.page_alloc()
+                    .count_vm_event(VmEvent::PswpOut, (j - i) as u64);
+            }
+            Err(_) => mm.page_alloc().count_vm_event(VmEvent::SwapIoError, 1),
+        }
+        i = j;
+    }
+    written
+}
+
+/// Step 4 on the mapping `m` of the locked page (Linux's `try_to_unmap_one`
+/// for an anonymous page in the swap cache): the PTE gets the swap entry of
+/// the pinned `dev`, whose slot gains the PTE's reference. False (nothing
+/// changed) when the PTE changed or the slot's count is full.
+fn try_to_unmap_swap(
+    mm: &Mm,
+    m: &RmapOne<'_>,
+    lock: &PageGuard<'_>,
+    dev: &SwapInfoStruct,
+    entry: SwapEntry,
+) -> bool {
+    if let Err(err) = dev.swap_duplicate(entry) {
+        // The cache's reference keeps the slot in use: only a
+        // full count (`SWAP_MAP_MAX`) may refuse.
+        if !matches!(err, SwapError::Map(MapError::TooManyRefs(_))) {
+            mm.swap_bad_entry(entry, &err);
+        }
+        return false;
+    }
+    match try_to_unmap_one(m, lock, |_| Pte::swap(entry)) {
+        Some(_) => {
+            m.space.sub_rss(1);
+            true
+        }
+        None => {
+            // The reference just added: the slot must take it back.
+            if let Err(err) = dev.swap_free(entry) {
+                mm.swap_bad_entry(entry, &err);
+            }
+            false
+        }
+    }
 }

@@ -217,18 +217,14 @@ impl Space {
         not_in_page(addr)?;
         check_range(addr, 1)?;
         let mm = &self.inner.mm;
-        let (t, _lock) = self.inner.lock_mapped_page(addr, write, PAGE_SIZE)?;
+        let (t, mut lock) = self.inner.lock_mapped_page(addr, write, PAGE_SIZE)?;
+        // Our reference keeps the page allocated while its bytes are borrowed;
+        // its page lock (held until after `f` returns) keeps every other
+        // accessor, migration included, off them.
         let _pin = PagePin { mm, head: t.head };
         let _in = InPage::enter();
-        // SAFETY: the frame is 4096 bytes inside the arena; it stays allocated while
-        // our reference pins it; its page lock (held until after `f` returns) makes
-        // this the only reference to its bytes among all accessors of the space,
-        // migration included (it only try-locks it, and we checked that the PTE
-        // still maps the frame after taking the lock), and nothing else writes a
-        // mapped data page.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(mm.page_address(t.pfn), PAGE_SIZE) };
-        let r = f(bytes);
-        drop((_in, _pin, _lock));
+        let r = f(lock.bytes_mut());
+        drop((_in, _pin, lock));
         self.inner.numa_tick(1);
         Ok(r)
     }

@@ -1,7 +1,10 @@
 //! Swap-in (Linux's `do_swap_page` in `mm/memory.c`) and swapoff's walk over a
 //! space (Linux's `unuse_mm`).
 //!
-//! A fault on a swap PTE:
+//! A fault on a swap PTE pins the entry's device once (`SwapDevices::get`;
+//! none, with the PTE unchanged, is a bad entry) and uses it throughout, for
+//! readahead too. Steps 1 to 3 are `Mm::read_swap_cache` (`swap_state.rs`),
+//! the routine the readaheads use as well:
 //! 1. If the entry's page is in the swap cache, it was read ahead (map it), or
 //!    reclaim is writing it out or another fault is reading it in: wait for
 //!    that page's lock, then retry (the PTE has changed, or the page left the
@@ -41,11 +44,10 @@ use super::{leaf, SpaceInner, Stat, PAGE};
 use crate::page_io::SwapIoError;
 use crate::pgtable::{desc, pt_index, Pte, SwapEntry, Table, PMD_SIZE};
 use crate::rmap::PageGuard;
-use crate::swap_cluster::MapError;
 use crate::swap_cluster::SWAPFILE_CLUSTER;
-use crate::swap_state::SwapReadahead;
-use crate::swapfile::SwapError;
-use crate::{rmap, Error, Gfp, Pfn, PAGE_SIZE};
+use crate::swap_state::{SwapCacheRead, SwapInFail, SwapReadahead};
+use crate::swapfile::{DeviceRef, SwapError, SwapInfoStruct, SwapPins};
+use crate::{rmap, Error, Gfp};
 
 /// Yields the CPU a little more each time (waiting for another fault's read).
 fn backoff(spins: &mut u32) {
@@ -80,7 +82,7 @@ fn read_err(addr: u64, entry: SwapEntry, e: SwapError) -> Error {
 
 impl SpaceInner {
     /// Linux's `do_swap_page`: a fault on the swap entry `e` in `slot` (see the
-    /// module header).
+    /// module header). The entry's device is pinned once, for the whole fault.
     pub(super) fn do_swap_page(
         &self,
         vmf: &VmFault<'_>,
@@ -96,65 +98,54 @@ impl SpaceInner {
                 reason: "malformed swap entry",
             });
         };
-        let swap = mm.swap();
-        let page = mm.alloc_owned_pages(Gfp::MOVABLE, 0)?;
+        let changed = || slot.load(Ordering::Acquire) != e.raw();
+        let bad = |why: &dyn std::fmt::Display| {
+            mm.swap_bad_entry(entry, why);
+            Err(Error::Fault {
+                addr,
+                reason: "swap entry names no swap slot in use",
+            })
+        };
+        let Some(dev) = mm.swap().get(entry) else {
+            // The PTE changed since the walk (swapoff brought the page back
+            // and took the device away), or it is bad.
+            return if changed() { Ok(()) } else { bad(&"no device") };
+        };
         let mut spins = 0;
-        // 1, 2.
-        loop {
-            if slot.load(Ordering::Acquire) != e.raw() {
-                mm.free_owned_pages(page, 0).expect("our unpublished page");
+        // 1, 2, 3.
+        let lock = loop {
+            if changed() {
                 return Ok(());
             }
-            if let Some(pfn) = swap.lookup_swap_cache(entry) {
-                let cached = mm.lock_page(Pfn::new(pfn as u64));
-                if slot.load(Ordering::Acquire) == e.raw()
-                    && mm.swapcache_entry(&cached) == Some(entry)
-                    && desc(mm, cached.pfn()).test_flag(PG_READAHEAD)
-                {
-                    mm.free_owned_pages(page, 0).expect("our unpublished page");
-                    return self.map_readahead_page(vmf, slot, e, entry, cached);
-                }
-                drop(cached);
-                backoff(&mut spins);
-                continue;
-            }
-            match swap.swapcache_prepare(entry) {
-                Ok(()) => break,
-                Err(SwapError::Map(MapError::CacheBusy(_))) => backoff(&mut spins),
-                Err(err) => {
-                    mm.free_owned_pages(page, 0).expect("our unpublished page");
-                    if slot.load(Ordering::Acquire) != e.raw() {
-                        return Ok(());
+            match mm.read_swap_cache(&dev, entry, Gfp::MOVABLE) {
+                Ok(SwapCacheRead::Read(lock)) => break lock,
+                Ok(SwapCacheRead::Cached(pfn)) => {
+                    let cached = mm.lock_page(pfn);
+                    if !changed()
+                        && mm.swapcache_entry(&cached) == Some(entry)
+                        && desc(mm, cached.pfn()).test_flag(PG_READAHEAD)
+                    {
+                        return self.map_readahead_page(vmf, slot, e, &dev, entry, cached);
                     }
-                    debug_assert!(!matches!(err, SwapError::Io(_)), "{err}");
-                    return Err(Error::Fault {
-                        addr,
-                        reason: "swap entry names no swap slot in use",
-                    });
+                }
+                Ok(SwapCacheRead::Busy) => {}
+                Err(SwapInFail::NoMemory(err)) => return Err(err),
+                Err(SwapInFail::Slot(err)) => {
+                    return if changed() { Ok(()) } else { bad(&err) };
+                }
+                Err(SwapInFail::Read(err)) => {
+                    let ev = match err {
+                        SwapError::Io(SwapIoError::Corrupt { .. }) => VmEvent::SwapChecksumFail,
+                        _ => VmEvent::SwapIoError,
+                    };
+                    mm.page_alloc().count_vm_event(ev, 1);
+                    return Err(read_err(addr, entry, err));
                 }
             }
-        }
-        // 3.
-        let lock = mm.lock_page(page);
-        let undo = |mm: &crate::Mm, lock: crate::rmap::PageGuard<'_>| {
-            mm.swapcache_drop(&lock);
-            drop(lock);
-            mm.free_owned_pages(page, 0).expect("our unpublished page");
+            backoff(&mut spins);
         };
-        mm.swapcache_add(&lock, entry);
-        // SAFETY: the page is ours alone (just allocated, not mapped, locked): 4096
-        // writable bytes inside the arena that nothing else references.
-        let buf = unsafe { std::slice::from_raw_parts_mut(mm.page_address(page), PAGE_SIZE) };
-        if let Err(err) = swap.swap_readpage(entry, buf) {
-            let ev = match err {
-                SwapError::Io(SwapIoError::Corrupt { .. }) => VmEvent::SwapChecksumFail,
-                _ => VmEvent::SwapIoError,
-            };
-            mm.page_alloc().count_vm_event(ev, 1);
-            undo(mm, lock);
-            return Err(read_err(addr, entry, err));
-        }
         // 4.
+        let page = lock.pfn();
         let va = addr & !(PAGE - 1);
         rmap::set(mm, page, self.id, va);
         let pte = leaf(page, false).with(vmf.young_bits());
@@ -163,26 +154,34 @@ impl SpaceInner {
             .is_ok();
         if !mapped {
             rmap::clear(mm, page);
-            undo(mm, lock);
+            mm.swapin_undo(&dev, lock);
             return Ok(());
         }
-        self.swapin_mapped(vmf, entry, lock);
+        self.swapin_mapped(vmf, &dev, entry, lock);
         mm.page_alloc().count_vm_event(VmEvent::PswpIn, 1);
-        self.swapin_readahead(vmf, pt, entry);
+        self.swapin_readahead(vmf, pt, dev, entry);
         Ok(())
     }
 
     /// Step 4's end, for a page read now or read ahead: the slot loses the
     /// PTE's reference, the page leaves the swap cache as the policy says, and
     /// joins the LRU.
-    fn swapin_mapped(&self, vmf: &VmFault<'_>, entry: SwapEntry, lock: PageGuard<'_>) {
+    fn swapin_mapped(
+        &self,
+        vmf: &VmFault<'_>,
+        dev: &SwapInfoStruct,
+        entry: SwapEntry,
+        lock: PageGuard<'_>,
+    ) {
         let mm = &self.mm;
-        let swap = mm.swap();
         let page = lock.pfn();
-        let _ = swap.swap_free(entry);
+        // The PTE held a reference: the slot must take it back.
+        if let Err(err) = dev.swap_free(entry) {
+            mm.swap_bad_entry(entry, &err);
+        }
         let resident = mm.nr_managed_pages().saturating_sub(mm.nr_free_pages());
-        if vmf.write || swap.should_free_swap(entry, resident) {
-            mm.swapcache_drop(&lock);
+        if vmf.write || mm.swap().should_free_swap(dev, resident) {
+            mm.swapcache_drop(dev, &lock);
         }
         drop(lock);
         self.stats.add(Stat::Rss, 1);
@@ -197,6 +196,7 @@ impl SpaceInner {
         vmf: &VmFault<'_>,
         slot: &AtomicU64,
         e: Pte,
+        dev: &SwapInfoStruct,
         entry: SwapEntry,
         lock: PageGuard<'_>,
     ) -> Result<(), Error> {
@@ -216,15 +216,17 @@ impl SpaceInner {
         desc(mm, page).clear_flag(PG_READAHEAD);
         mm.swap().ra().hit();
         mm.page_alloc().count_vm_event(VmEvent::SwapRaHit, 1);
-        self.swapin_mapped(vmf, entry, lock);
+        self.swapin_mapped(vmf, dev, entry, lock);
         Ok(())
     }
 
     /// Linux's `swapin_readahead` after the fault on `entry` was served: with
     /// `Cluster`, the slots after it in its cluster; with `Vma`, the swap
     /// entries of the PTEs after the fault's, in the same VMA and page table.
-    /// Each is read into the swap cache unmapped (`Mm::swap_readahead_one`).
-    fn swapin_readahead(&self, vmf: &VmFault<'_>, pt: &Table, entry: SwapEntry) {
+    /// Each is read into the swap cache unmapped (`Mm::swap_readahead_one`),
+    /// on the fault's device, pinned already (a PTE's entry on another device
+    /// pins that one once).
+    fn swapin_readahead(&self, vmf: &VmFault<'_>, pt: &Table, dev: DeviceRef, entry: SwapEntry) {
         let mm = &self.mm;
         let ra = mm.swap().ra();
         let va = vmf.addr & !(PAGE - 1);
@@ -235,7 +237,7 @@ impl SpaceInner {
                 let end = (entry.offset() | (u64::from(SWAPFILE_CLUSTER) - 1)) + 1;
                 for off in entry.offset() + 1..(entry.offset() + w).min(end) {
                     if let Some(next) = SwapEntry::new(entry.ty(), off) {
-                        mm.swap_readahead_one(next);
+                        mm.swap_readahead_one(&dev, next);
                     }
                 }
             }
@@ -244,10 +246,16 @@ impl SpaceInner {
                 let table_end = (va | (PMD_SIZE - 1)) + 1;
                 let end = (va + w * PAGE).min(vmf.vma.end).min(table_end);
                 // The fault's PTE table stays while its shared VMA lock is held.
+                let mut pins = SwapPins::with(dev);
                 for a in (va + PAGE..end).step_by(PAGE as usize) {
                     let pte = Pte::from_raw(pt[pt_index(a, 0)].load(Ordering::Acquire));
-                    if let Some(ra_entry) = pte.swap_entry() {
-                        mm.swap_readahead_one(ra_entry);
+                    let Some(ra_entry) = pte.swap_entry() else {
+                        continue;
+                    };
+                    // A PTE read without its page lock may be stale: an
+                    // entry of a device gone since is skipped.
+                    if let Some(d) = pins.get(mm.swap(), ra_entry) {
+                        mm.swap_readahead_one(d, ra_entry);
                     }
                 }
             }
@@ -273,7 +281,7 @@ impl SpaceInner {
                         // A page kept in the swap cache holds its slot too.
                         let page = mm.lock_page(e.pfn());
                         if mm.swapcache_entry(&page).is_some_and(|s| s.ty() == ty) {
-                            mm.swapcache_drop(&page);
+                            mm.swapcache_drop_page(&page);
                         }
                     }
                     _ => {}

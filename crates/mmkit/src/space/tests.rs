@@ -111,34 +111,49 @@ fn numa_hint_faults_restore_the_entry() {
     mm.check().unwrap();
 }
 
+/// Writes `pte` into the PTE of `addr` (which must be mapped down to its PTE
+/// table) and adds `used` to the table's count of entries.
+fn set_pte(s: &crate::Space, addr: u64, pte: Pte, used_delta: i64) {
+    let inner = &s.inner;
+    let g = inner.read_lock();
+    let (slot, _, level) = inner.follow_pte(&g, addr).unwrap();
+    assert_eq!(level, 0);
+    slot.store(pte.raw(), Ordering::Release);
+    let mut t = inner.pgd;
+    for level in [3, 2, 1] {
+        t = Pte::from_raw(inner.tbl(&g, t)[pt_index(addr, level)].load(Ordering::Acquire)).pfn();
+    }
+    used(&inner.mm, t).fetch_add(used_delta as u64, Ordering::Relaxed);
+}
+
+/// A swap entry that names no device is a bad entry: the access fails (a
+/// debug build stops at it) and it is counted, once per use (`swap_bad_entry`).
 #[test]
 fn swap_entries_fault_with_an_error_and_unmap() {
     let mm = mm();
     mm.drain_all_pages();
     let before = mm.nr_free_pages();
+    let bad = |mm: &Mm| mm.vm_events().get(crate::VmEvent::SwapBadEntry);
     {
         let s = mm.new_space().unwrap();
         let a = s.mmap(2 * PAGE_SIZE, MapFlags::empty()).unwrap();
         s.touch(a, true).unwrap();
         let swp = a + PAGE;
-        {
-            let inner = &s.inner;
-            let g = inner.read_lock();
-            let (slot, e, level) = inner.follow_pte(&g, swp).unwrap();
-            assert!(e.is_none() && level == 0);
-            let entry = Pte::swap(SwapEntry::new(1, 42).unwrap());
-            slot.store(entry.raw(), Ordering::Release);
-            // Account for the entry in the PTE table holding it.
-            let mut t = inner.pgd;
-            for level in [3, 2, 1] {
-                t = Pte::from_raw(inner.tbl(&g, t)[pt_index(swp, level)].load(Ordering::Acquire))
-                    .pfn();
-            }
-            used(&mm, t).fetch_add(1, Ordering::Relaxed);
+        assert!(s.translate(swp).is_none());
+        set_pte(&s, swp, Pte::swap(SwapEntry::new(1, 42).unwrap()), 1);
+        let touched =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.touch(swp, false)));
+        assert_eq!(bad(&mm), 1);
+        if cfg!(debug_assertions) {
+            assert!(touched.is_err(), "a debug build stops at a bad entry");
+            // The munmap below would stop too: take the entry out.
+            set_pte(&s, swp, Pte::NONE, -1);
+        } else {
+            assert!(matches!(touched.unwrap(), Err(Error::Fault { .. })));
         }
-        assert!(matches!(s.touch(swp, false), Err(Error::Fault { .. })));
         assert!(s.translate(swp).is_none());
         s.munmap(a, 2 * PAGE_SIZE).unwrap();
+        assert_eq!(bad(&mm), if cfg!(debug_assertions) { 1 } else { 2 });
         assert_eq!(s.stats().pgtable_pages, 1);
     }
     mm.drain_all_pages();

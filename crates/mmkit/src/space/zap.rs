@@ -5,7 +5,8 @@
 //!
 //! Invariants: a page is gathered only after its entry is cleared and its reverse
 //! map dropped, and leaves the LRU (`lru.rs`) in the flush before it is freed; a
-//! swap entry's slot reference is dropped (`swap_free`) when it is cleared; a split huge page is gathered with its last mapped sub-page
+//! swap entry's slot reference is dropped (`swap_free`, on its device pinned
+//! once per PTE table) when it is cleared; a split huge page is gathered with its last mapped sub-page
 //! (`Page::nr_pages_mapped` reaching 0); a table page is freed only once its used
 //! count (`Page::pt_used`) is 0 and its parent entry is cleared. The root table
 //! goes only with the space (`Drop for SpaceInner`).
@@ -27,6 +28,7 @@ use crate::{rmap, Mm, Pfn};
 use mmkit_core::page::PG_SWAPCACHE;
 
 use crate::swap_cluster::SWAP_HAS_CACHE;
+use crate::swapfile::SwapPins;
 
 /// Pages an [`MmuGather`] collects before freeing them in one batch.
 pub const MMU_GATHER_BATCH: usize = 512;
@@ -203,6 +205,8 @@ impl SpaceInner {
         let first = pt_index(start, 0);
         let last = pt_index(end - 1, 0) + 1;
         let (mut cleared, mut rss) = (0u64, 0i64);
+        // The devices of the table's swap entries, each looked up once.
+        let mut pins = SwapPins::default();
         for slot in &t[first..last] {
             let e = Pte::from_raw(slot.load(Ordering::Relaxed));
             if e.is_none() {
@@ -214,8 +218,14 @@ impl SpaceInner {
                 if let Some(entry) = e.swap_entry() {
                     // The PTE's reference on its slot (Linux's `free_swap_and_cache`):
                     // a page read ahead for it, unused, goes with it.
-                    if mm.swap().swap_free(entry) == Ok(SWAP_HAS_CACHE) {
-                        mm.try_to_reclaim_swap(entry);
+                    let Some(dev) = pins.get(mm.swap(), entry) else {
+                        mm.swap_bad_entry(entry, &"a PTE's entry names no device");
+                        continue;
+                    };
+                    match dev.swap_free(entry) {
+                        Ok(SWAP_HAS_CACHE) => _ = mm.try_to_reclaim_swap(dev, entry),
+                        Ok(_) => {}
+                        Err(err) => mm.swap_bad_entry(entry, &err),
                     }
                 }
                 continue;
@@ -223,7 +233,13 @@ impl SpaceInner {
             let pfn = e.pfn();
             if !e.is_compound() && desc(mm, pfn).test_flag(PG_SWAPCACHE) {
                 // Kept in the swap cache since its swap-in: free the slot too.
-                mm.swapcache_drop(&mm.lock_page(pfn));
+                let page = mm.lock_page(pfn);
+                if let Some(entry) = mm.swapcache_entry(&page) {
+                    match pins.get(mm.swap(), entry) {
+                        Some(dev) => _ = mm.swapcache_drop(dev, &page),
+                        None => mm.swap_bad_entry(entry, &"a cached page names no device"),
+                    }
+                }
             }
             rmap::clear(mm, pfn);
             rss += 1;

@@ -1,0 +1,226 @@
+//! One swap device pinned (Linux's `get_swap_device`/`put_swap_device` in
+//! `mm/swapfile.c`) and the per-slot operations that run on it: the map's
+//! references (`swap_duplicate`, `swap_free`, `swapcache_prepare`/`clear`) and
+//! I/O (`swap_writepage(s)`, `swap_readpage`); the swap cache's operations on a
+//! device are in `swap_state.rs`.
+//!
+//! A path pins a device once per operation ([`SwapDevices::get`], one read of
+//! the device table) or once per device for a batch ([`SwapPins`]: a reclaim
+//! batch, a zap's range, a readahead window), then calls the device directly.
+//!
+//! Invariants: a [`DeviceRef`] is an `Arc` of the device, so its map, cache and
+//! backend outlive `swapoff` while pinned; `swapoff` succeeds only with no slot
+//! in use, so a pin held past it names no entry that is still referenced. A
+//! slot operation checks that the entry is this device's and within it. An
+//! entry that names no device, or a refused slot operation, where the
+//! caller's references say it must succeed, is a bad entry
+//! ([`Mm::swap_bad_entry`]): counted in vmstat and a `debug_assert`, never
+//! dropped silently. [`SwapTotals`] counts slots and cached pages over all
+//! devices exactly (checked by `SwapDevices::check`).
+//!
+//! Locking: no lock of its own. `writeok` and `on` are written under the device
+//! table's write lock (`swapfile.rs`) and read without it (`Acquire`); the
+//! totals are per-CPU atomics, summed on read. The map's and cache's locks are
+//! in `swap_cluster.rs` and `swap_state.rs`, the I/O's in `page_io.rs`.
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crossbeam_utils::CachePadded;
+use mmkit_core::{Platform, VmEvent};
+
+use crate::pgtable::SwapEntry;
+use crate::swapfile::{SwapDevices, SwapError, SwapInfoStruct};
+use crate::{Mm, StdPlatform};
+
+/// A device pinned by [`SwapDevices::get`] (Linux's `get_swap_device`; the
+/// drop is `put_swap_device`): the per-slot operations run on it.
+#[derive(Clone)]
+pub(crate) struct DeviceRef(pub(crate) Arc<SwapInfoStruct>);
+
+impl Deref for DeviceRef {
+    type Target = SwapInfoStruct;
+    fn deref(&self) -> &SwapInfoStruct {
+        &self.0
+    }
+}
+
+/// The devices a batch of entries lives on, each looked up once: a reclaim
+/// batch, a zap's range, a readahead window.
+#[derive(Default)]
+pub(crate) struct SwapPins(Vec<DeviceRef>);
+
+impl SwapPins {
+    /// Starts with `dev` pinned.
+    pub(crate) fn with(dev: DeviceRef) -> SwapPins {
+        SwapPins(vec![dev])
+    }
+
+    /// Adds `dev` (pinned by `get_swap_pages`) unless it is in already.
+    pub(crate) fn add(&mut self, dev: DeviceRef) {
+        if !self.0.iter().any(|d| Arc::ptr_eq(&d.0, &dev.0)) {
+            self.0.push(dev);
+        }
+    }
+
+    /// The device of `entry`, pinned already or now (a table read per device
+    /// of the batch); `None` when it names no device that is on.
+    pub(crate) fn get(&mut self, swap: &SwapDevices, entry: SwapEntry) -> Option<&DeviceRef> {
+        let ty = entry.ty();
+        let at = match self
+            .0
+            .iter()
+            .position(|d| d.id.swap_type() == ty && d.is_on())
+        {
+            Some(at) => at,
+            None => {
+                self.0.push(swap.get(entry)?);
+                self.0.len() - 1
+            }
+        };
+        Some(&self.0[at])
+    }
+}
+
+/// Counts over every device that is on (Linux's `total_swap_pages`,
+/// `nr_swap_pages` and `NR_SWAPCACHE`), per CPU where they change per page.
+pub(crate) struct SwapTotals {
+    pub(crate) total: AtomicU64,
+    /// Devices in the table that take no allocations (`swapoff` under way).
+    pub(crate) closing: AtomicUsize,
+    /// Per CPU: slots allocated minus slots freed; pages added to the swap
+    /// caches minus pages deleted.
+    used: Box<[CachePadded<(AtomicI64, AtomicI64)>]>,
+}
+
+impl SwapTotals {
+    pub(crate) fn new(nr_cpus: usize) -> SwapTotals {
+        SwapTotals {
+            total: AtomicU64::new(0),
+            closing: AtomicUsize::new(0),
+            used: (0..nr_cpus.max(1)).map(|_| Default::default()).collect(),
+        }
+    }
+    /// Sets `writeok` of `si` (under the table's write lock), counting the
+    /// devices that are closing.
+    pub(crate) fn set_writeok(&self, si: &SwapInfoStruct, on: bool) {
+        if si.writeok.swap(on, Ordering::AcqRel) != on {
+            let c = &self.closing;
+            _ = if on {
+                c.fetch_sub(1, Ordering::Relaxed)
+            } else {
+                c.fetch_add(1, Ordering::Relaxed)
+            };
+        }
+    }
+
+    fn here(&self) -> &(AtomicI64, AtomicI64) {
+        &self.used[StdPlatform::cpu_id() % self.used.len()]
+    }
+    /// `n` slots allocated (negative: freed).
+    pub(crate) fn slots(&self, n: i64) {
+        self.here().0.fetch_add(n, Ordering::Relaxed);
+    }
+    /// `n` pages added to a swap cache (negative: deleted).
+    pub(crate) fn cached(&self, n: i64) {
+        self.here().1.fetch_add(n, Ordering::Relaxed);
+    }
+    /// (slots in all, slots free, pages in the swap caches).
+    pub(crate) fn read(&self) -> (u64, u64, u64) {
+        let (mut used, mut cached) = (0, 0);
+        for c in self.used.iter() {
+            used += c.0.load(Ordering::Relaxed);
+            cached += c.1.load(Ordering::Relaxed);
+        }
+        let total = self.total.load(Ordering::Relaxed);
+        let used = (used.max(0) as u64).min(total);
+        (total, total - used, cached.max(0) as u64)
+    }
+}
+
+impl SwapInfoStruct {
+    /// Still in the table (`swapoff` has not removed it).
+    pub(crate) fn is_on(&self) -> bool {
+        self.on.load(Ordering::Acquire)
+    }
+
+    /// Takes allocations (`swapoff` has not begun).
+    pub(crate) fn writeok(&self) -> bool {
+        self.writeok.load(Ordering::Acquire)
+    }
+
+    /// The slot `entry` names on this device, or why it names none.
+    pub(crate) fn slot(&self, entry: SwapEntry) -> Result<u32, SwapError> {
+        if entry.ty() == self.id.swap_type() && entry.offset() < self.map.nr_slots() as u64 {
+            Ok(entry.offset() as u32)
+        } else {
+            Err(SwapError::BadEntry { entry })
+        }
+    }
+
+    /// A slot became free: its checksum is forgotten, and it is counted.
+    fn on_free(&self, slot: u32) {
+        self.io.invalidate(slot);
+        self.totals.slots(-1);
+    }
+
+    /// Adds a reference to an in-use entry (`swap_duplicate`).
+    pub(crate) fn swap_duplicate(&self, entry: SwapEntry) -> Result<(), SwapError> {
+        Ok(self.map.swap_duplicate(self.slot(entry)?)?)
+    }
+
+    /// Drops a reference (`swap_free`); returns the map byte left (0: the slot
+    /// is free, and its checksum forgotten).
+    pub(crate) fn swap_free(&self, entry: SwapEntry) -> Result<u8, SwapError> {
+        let slot = self.slot(entry)?;
+        Ok(self.map.swap_free(slot, &mut |x| self.on_free(x))?)
+    }
+
+    /// Claims the swap-cache reference of an in-use entry (`swapcache_prepare`).
+    pub(crate) fn swapcache_prepare(&self, entry: SwapEntry) -> Result<(), SwapError> {
+        Ok(self.map.swapcache_prepare(self.slot(entry)?)?)
+    }
+
+    /// Drops the swap-cache reference (`put_swap_folio`).
+    pub(crate) fn swapcache_clear(&self, entry: SwapEntry) -> Result<u8, SwapError> {
+        let slot = self.slot(entry)?;
+        Ok(self.map.swapcache_clear(slot, &mut |x| self.on_free(x))?)
+    }
+
+    /// Writes a page to an entry's slot (`swap_writepage`).
+    #[cfg_attr(any(not(test), loom), allow(dead_code))] // used by the unit tests
+    pub(crate) fn swap_writepage(&self, entry: SwapEntry, page: &[u8]) -> Result<(), SwapError> {
+        Ok(self.io.swap_writepage(self.slot(entry)?, page)?)
+    }
+
+    /// Writes pages to the contiguous slots from `first` on, in one request.
+    pub(crate) fn swap_writepages(
+        &self,
+        first: SwapEntry,
+        pages: &[&[u8]],
+    ) -> Result<(), SwapError> {
+        let s = self.slot(first)?;
+        if s as u64 + pages.len() as u64 > self.map.nr_slots() as u64 {
+            return Err(SwapError::BadEntry { entry: first });
+        }
+        Ok(self.io.swap_writepages(s, pages)?)
+    }
+
+    /// Reads an entry's slot and verifies its checksum (`swap_read_folio`).
+    pub(crate) fn swap_readpage(&self, entry: SwapEntry, page: &mut [u8]) -> Result<(), SwapError> {
+        Ok(self.io.swap_readpage(self.slot(entry)?, page)?)
+    }
+}
+
+impl Mm {
+    /// A bad swap entry (Linux's "Bad swap file entry"): `entry` names no
+    /// device, or its slot refused what the caller's references allow.
+    /// Counted in vmstat (`swap_bad_entry`); a debug build stops here.
+    #[cold]
+    pub(crate) fn swap_bad_entry(&self, entry: SwapEntry, why: &dyn fmt::Display) {
+        self.page_alloc().count_vm_event(VmEvent::SwapBadEntry, 1);
+        debug_assert!(false, "bad swap entry {entry:?}: {why}");
+    }
+}
