@@ -51,7 +51,7 @@ use mmkit_core::node::NodeMask;
 use mmkit_core::NodeReq;
 
 use super::memory::VmFault;
-use super::mprotect::{clear_numa_hint, set_numa_hint};
+use super::mprotect::{clear_numa_hint, ProtNuma};
 use super::policy::allowed_nodes;
 use super::{Space, SpaceInner, Stat, PAGE};
 use crate::kthread::Kthread;
@@ -61,7 +61,7 @@ use crate::numa_balancing::{
     should_numa_migrate_memory, Cpupid, MigrateFail, MigrateQuery, NumabCounters, NumabStat,
     NumabStats, ScanPeriod, ScanTrigger, ScanWindow,
 };
-use crate::pgtable::{desc, Pte, HPAGE_PMD_NR, PMD_SIZE};
+use crate::pgtable::{desc, Pte, HPAGE_PMD_NR, TASK_SIZE};
 use crate::rmap::RmapWalkControl;
 use crate::{Gfp, Pfn};
 
@@ -362,42 +362,17 @@ impl SpaceInner {
             t.remove(node);
             !t.is_empty() && t.iter().all(|n| avoid.contains(n))
         };
-        let (mut marked, mut huge, mut seen) = (0u64, 0u64, 0u64);
-        let mut next = 0u64; // 0: the end of the space was reached
-        {
+        let probe = |a: u64| (a / PAGE).is_multiple_of(PROBE_EVERY);
+        let mut scan = ProtNuma::new(budget, virt_budget, |a, pfn| {
+            probe(a) || !skip(mm.node_of(pfn))
+        });
+        // 0: the end of the space was reached.
+        let next = {
             let g = self.read_lock();
-            'vmas: for vma in g.map.values().filter(|v| v.end > start) {
-                let mut a = vma.start.max(start);
-                while a < vma.end {
-                    if marked >= budget || seen >= virt_budget {
-                        next = a;
-                        break 'vmas;
-                    }
-                    let Some((slot, e, level)) = self.follow_pte(&g, a) else {
-                        // No table: the rest of this PMD is empty.
-                        let n = ((a | (PMD_SIZE - 1)) + 1).min(vma.end);
-                        seen += (n - a) / PAGE;
-                        a = n;
-                        continue;
-                    };
-                    let pages = if level == 1 { HPAGE_PMD_NR } else { 1 };
-                    seen += pages;
-                    let probe = (a / PAGE).is_multiple_of(PROBE_EVERY);
-                    if e.is_present()
-                        && (probe || !skip(mm.node_of(e.pfn())))
-                        && set_numa_hint(slot, e)
-                    {
-                        marked += pages;
-                        huge += u64::from(level == 1);
-                    }
-                    a = if level == 1 {
-                        (a & !(PMD_SIZE - 1)) + PMD_SIZE
-                    } else {
-                        a + PAGE
-                    };
-                }
-            }
-        }
+            self.change_prot_numa(&g, start, TASK_SIZE, &mut scan)
+                .unwrap_or(0)
+        };
+        let (marked, huge) = (scan.marked, scan.huge);
         {
             let mut g = self.numab.lock();
             if let Some(st) = g.as_mut() {
