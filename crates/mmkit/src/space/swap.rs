@@ -1,5 +1,5 @@
 //! Swap-in (Linux's `do_swap_page` in `mm/memory.c`) and swapoff's walk over a
-//! space (Linux's `unuse_mm`).
+//! space (Linux's `unuse_mm`, through `walk_page_range` in `pagewalk.rs`).
 //!
 //! A fault on a swap PTE:
 //! 1. If the entry's page is in the swap cache, it was read ahead (map it), or

@@ -1,6 +1,8 @@
-//! Memory policies of a space and its ranges (Linux's `set_mempolicy`, `mbind`,
+//! The space side of memory policies (Linux's `mm/mempolicy.c` system calls):
+//! the policies of a space and its ranges (`set_mempolicy`, `mbind`,
 //! `get_mempolicy`, `move_pages` with no target), the node a fault allocates on,
-//! and the local/remote count of the access path.
+//! and the local/remote count of the access path. The policy values and their
+//! placement arithmetic are the top-level `mempolicy.rs`.
 //!
 //! A space holds a table of the policies it was given (`Policies`); a VMA names
 //! one by index (`Vma::pol`, 0 = none: the space's policy applies) and carries
@@ -9,7 +11,8 @@
 //! at offset `i` of the range on the `(i mod n)`-th node of the mask, a huge
 //! page by its huge-page index. `mbind` splits VMAs at the range's ends (and a
 //! huge PMD straddling an end) as Linux's `mbind_range` does; adjacent VMAs with
-//! the same policy are not merged back.
+//! the same policy are not merged back. `mbind`'s scan for misplaced pages walks
+//! the range with `walk_page_range` (`pagewalk.rs`).
 //!
 //! A fault allocates with [`MemPolicy::placement`] for its address and the
 //! faulting thread's node. With one node none of this runs: the fault path

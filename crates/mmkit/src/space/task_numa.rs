@@ -1,12 +1,17 @@
-//! Automatic NUMA balancing of one space (Linux's `task_numa_work`,
-//! `do_numa_page`'s migration half, `task_numa_fault` and `task_numa_placement`
-//! in `kernel/sched/fair.c` and `mm/memory.c`). The policy (scan period, the
-//! two-stage filter) is `numa_balancing.rs`; this file is the mechanism:
+//! Automatic NUMA balancing of one space, the mechanism (Linux's
+//! `task_numa_work`, `task_numa_fault` and `task_numa_placement` in
+//! `kernel/sched/fair.c`, and `do_numa_page`'s migration half in
+//! `mm/memory.c`); the file is named for the `task_numa_*` functions it holds
+//! (a Linux task's NUMA work is a space's here). The policy (scan period, the
+//! two-stage filter, the counters) is `numa_balancing/`; what starts a pass is
+//! `task_tick_numa.rs`:
 //!
 //! - [`Space::task_numa_work`] ends the current scan window (its record goes to
 //!   [`ScanPeriod::update`], which gives the next period and the nodes to avoid)
-//!   and turns up to `scan_size` of present PTEs and huge PMDs into NUMA-hint
-//!   entries, from where the previous pass stopped; a pass that reaches the end of
+//!   and, through `change_prot_numa` (`mprotect.rs`), turns up to `scan_size`
+//!   of present PTEs and huge PMDs into NUMA-hint entries, from where the
+//!   previous pass stopped, looking at no more than `VIRT_SCAN_FACTOR` times
+//!   that of virtual space; a pass that reaches the end of
 //!   the space starts a new scan sequence (fault statistics halved, preferred
 //!   node chosen). Under `Adaptive`, an entry whose page could only move to a
 //!   node found full is left alone, but for one in `PROBE_EVERY` (by address),
@@ -14,7 +19,7 @@
 //! - The automatic scanner is chosen by `MmBuilder::numa_scan_trigger`: by
 //!   default (`ScanTrigger::TaskCpu`, as Linux) the space's own threads run
 //!   `task_numa_work` on their way out of an access once the period has elapsed
-//!   in their CPU time (`numa_tick.rs`); `ScanTrigger::Wall` is a background
+//!   in their CPU time (`task_tick_numa.rs`); `ScanTrigger::Wall` is a background
 //!   thread per space (`kthread.rs`) that wakes every tenth of the minimum
 //!   period and scans once the period has elapsed in wall-clock time. Under
 //!   `Adaptive`, both also scan as soon as a node avoided as full has free
@@ -35,11 +40,11 @@
 //! pages take hint faults (recorded) but are not migrated (`migrate.rs` moves
 //! order-0 pages only).
 //!
-//! Invariants: the counters are exact (`counters.rs`); `hint faults = local +
+//! Invariants: the counters are exact (`numa_balancing/counters.rs`); `hint faults = local +
 //! remote`; every migration attempt ends in exactly one of success or one cause.
 //! Locking: `ScanState` is under its mutex (a leaf, held for bookkeeping only,
 //! never across a page-table walk, an allocation or a migration); the scan runs
-//! under the shared VMA lock like `change_prot_numa`; the hint fault's migration
+//! under the shared VMA lock (`change_prot_numa`); the hint fault's migration
 //! runs inside the fault (shared VMA lock held) and only try-locks (`migrate.rs`).
 
 use std::cell::Cell;
@@ -51,8 +56,8 @@ use mmkit_core::node::NodeMask;
 use mmkit_core::NodeReq;
 
 use super::memory::VmFault;
+use super::mempolicy::allowed_nodes;
 use super::mprotect::{clear_numa_hint, ProtNuma};
-use super::policy::allowed_nodes;
 use super::{Space, SpaceInner, Stat, PAGE};
 use crate::kthread::Kthread;
 use crate::mempolicy::MemPolicy;
@@ -86,7 +91,7 @@ pub(super) struct SpaceNumab {
     scan_seq: AtomicU64,
     /// The preferred node + 1 (0: none yet).
     preferred: AtomicU32,
-    /// The space's scan clock in ns (`numa_tick.rs`): its threads' CPU time,
+    /// The space's scan clock in ns (`task_tick_numa.rs`): its threads' CPU time,
     /// or the declared cost of its accesses.
     pub(super) clock_ns: AtomicU64,
     /// The clock value at which the next automatic pass is due (`u64::MAX`
