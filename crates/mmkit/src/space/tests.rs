@@ -338,3 +338,95 @@ fn prot_numa_counts_a_hole_as_pmd_steps() {
         }
     }
 }
+
+/// The scanner's walk (`change_prot_numa` with its budgets and filter) arms
+/// exactly what a page-by-page model arms (one `follow_pte` per address, a
+/// missing table stepped over to the end of its PMD: the scan loop
+/// `task_numa_work` had before the range walker), stops at the same address
+/// and counts the same pages, over VMAs with huge PMDs, sparse and dense PTE
+/// tables and large holes, from many start points and budgets.
+#[test]
+fn change_prot_numa_matches_a_page_by_page_model() {
+    let mm = mm();
+    let s = mm.new_space().unwrap();
+    let h = s.mmap(6 << 20, MapFlags::HUGE).unwrap();
+    s.write(h, &[1]).unwrap();
+    s.write(h + (4 << 20) + 9 * PAGE, &[2]).unwrap();
+    let sparse = s.mmap(3 << 30, MapFlags::empty()).unwrap();
+    let dense = s.mmap(3 << 20, MapFlags::empty()).unwrap();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    for _ in 0..200 {
+        s.touch(sparse + rnd(3 << 18) * PAGE, true).unwrap();
+    }
+    for i in 0..700 {
+        s.touch(dense + i * PAGE, false).unwrap();
+    }
+    let filter = |a: u64| !(a / PAGE).is_multiple_of(3);
+    let model = |start: u64, max_marked: u64, max_seen: u64| {
+        let inner = &s.inner;
+        let g = inner.read_lock();
+        let (mut marked, mut seen, mut armed) = (0, 0, Vec::new());
+        for vma in g.map.values().filter(|v| v.end > start) {
+            let mut a = vma.start.max(start);
+            while a < vma.end {
+                if marked >= max_marked || seen >= max_seen {
+                    return (Some(a), marked, seen, armed);
+                }
+                let Some((_, e, level)) = inner.follow_pte(&g, a) else {
+                    let n = ((a | (PMD_SIZE - 1)) + 1).min(vma.end);
+                    seen += (n - a) / PAGE;
+                    a = n;
+                    continue;
+                };
+                let pages = if level == 1 { 512 } else { 1 };
+                seen += pages;
+                if e.is_present() && filter(a) {
+                    marked += pages;
+                    armed.push(a);
+                }
+                a = if level == 1 {
+                    (a & !(PMD_SIZE - 1)) + PMD_SIZE
+                } else {
+                    a + PAGE
+                };
+            }
+        }
+        (None, marked, seen, armed)
+    };
+    let lo = h.min(sparse).min(dense);
+    let mut starts = vec![0, lo, h + PAGE, sparse, dense + 5 * PAGE];
+    starts.extend((0..6).map(|_| sparse + rnd(3 << 18) * PAGE));
+    let mut runs = 0;
+    for &start in &starts {
+        for max_marked in [1, 7, 256, 513, 1500, u64::MAX] {
+            for max_seen in [1, 100, 600, 2048, 70_000, u64::MAX] {
+                let want = model(start, max_marked, max_seen);
+                let inner = &s.inner;
+                let mut scan = ProtNuma::new(max_marked, max_seen, |a, _| filter(a));
+                let stop = {
+                    let g = inner.read_lock();
+                    inner.change_prot_numa(&g, start, crate::pgtable::TASK_SIZE, &mut scan)
+                };
+                let ctx = format!("start {start:#x} marked<{max_marked} seen<{max_seen}");
+                assert_eq!(
+                    (stop, scan.marked, scan.seen),
+                    (want.0, want.1, want.2),
+                    "{ctx}"
+                );
+                for &a in &want.3 {
+                    assert!(s.translate(a).unwrap().numa_hint, "{a:#x} {ctx}");
+                    // The hint fault restores it for the next run.
+                    s.touch(a, false).unwrap();
+                }
+                runs += usize::from(!want.3.is_empty());
+            }
+        }
+    }
+    assert!(runs > 100, "only {runs} runs armed anything");
+}
