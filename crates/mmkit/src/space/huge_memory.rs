@@ -129,7 +129,7 @@ impl SpaceInner {
 
     /// Linux's `do_huge_pmd_numa_page`: a NUMA-hinting fault on the huge PMD
     /// `slot` (which held `e`): the PMD is made present again (unless something
-    /// else changed it meanwhile) and the fault recorded (`numa_balance.rs`);
+    /// else changed it meanwhile) and the fault recorded (`task_numa.rs`);
     /// huge pages are not migrated.
     pub(super) fn do_huge_pmd_numa_page(&self, vmf: &VmFault<'_>, slot: &AtomicU64, e: Pte) {
         if super::mprotect::clear_numa_hint(slot, e) {

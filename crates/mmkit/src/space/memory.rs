@@ -149,7 +149,7 @@ impl SpaceInner {
             return Ok(());
         }
         if e.is_numa_hint() {
-            self.do_numa_page(vmf, slot, e); // numa_balance.rs
+            self.do_numa_page(vmf, slot, e); // task_numa.rs
             return Ok(());
         }
         if e.is_swap() {
@@ -205,7 +205,7 @@ impl SpaceInner {
             }
         }
         let mut pfns = [Pfn::new(0); MAX_AROUND];
-        // On the nodes the memory policy picks for each address (`policy.rs`).
+        // On the nodes the memory policy picks for each address (`mempolicy.rs`).
         let mut n = self.alloc_fault_pages_bulk(vma, va, &mut pfns[..want]);
         if n == 0 {
             // The lists and the zone's fast path are empty: the faulting page

@@ -91,7 +91,7 @@ pub(super) struct Vma {
     pub(super) end: u64,
     pub(super) flags: MapFlags,
     /// The range's memory policy: an index into the space's policy table
-    /// (`policy.rs`); 0 = none, the space's policy applies.
+    /// (`mempolicy.rs`); 0 = none, the space's policy applies.
     pub(super) pol: u32,
     /// The address page offsets of the policy count from (interleave): the
     /// mapping's start, or the start of the `mbind` range. Kept by splits.

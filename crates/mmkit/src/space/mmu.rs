@@ -120,7 +120,7 @@ impl Space {
             // ours, so the ranges are valid and do not overlap.
             unsafe { std::ptr::copy_nonoverlapping(frame, dst.add(done), n) }
         });
-        self.inner.numa_tick(pages_spanned(addr, buf.len()));
+        self.inner.task_tick_numa(pages_spanned(addr, buf.len()));
         r
     }
 
@@ -139,7 +139,7 @@ impl Space {
             // `done + n <= buf.len()`; a page never overlaps the caller's slice.
             unsafe { std::ptr::copy_nonoverlapping(src.add(done), frame, n) }
         });
-        self.inner.numa_tick(pages_spanned(addr, buf.len()));
+        self.inner.task_tick_numa(pages_spanned(addr, buf.len()));
         r
     }
 
@@ -155,7 +155,7 @@ impl Space {
                 .ok_or_else(|| bad(addr, 1, "address is not mapped"))?;
             self.inner.access(&g, &vma, addr, write, 1)?;
         }
-        self.inner.numa_tick(1);
+        self.inner.task_tick_numa(1);
         Ok(())
     }
 
@@ -183,7 +183,7 @@ impl Space {
                 };
             }
         }
-        self.inner.numa_tick(pages_spanned(addr, len));
+        self.inner.task_tick_numa(pages_spanned(addr, len));
         Ok(())
     }
 
@@ -193,7 +193,7 @@ impl Space {
     /// on as usual (`read`, `write`, `with_page`).
     pub fn pin_page(&self, addr: u64, write: bool) -> Result<PinnedPage, Error> {
         let t = self.inner.lock_mapped_page(addr, write, 1)?.0;
-        self.inner.numa_tick(1);
+        self.inner.task_tick_numa(1);
         Ok(PinnedPage {
             mm: self.inner.mm.clone(),
             t,
@@ -225,7 +225,7 @@ impl Space {
         let _in = InPage::enter();
         let r = f(lock.bytes_mut());
         drop((_in, _pin, lock));
-        self.inner.numa_tick(1);
+        self.inner.task_tick_numa(1);
         Ok(r)
     }
 }
@@ -396,7 +396,7 @@ impl SpaceInner {
 /// waiting 1, 2, ... ms in between.
 const FAULT_OOM_RETRIES: u64 = 4;
 
-/// Pages of `[addr, addr + len)`, for the NUMA scan clock (`numa_tick.rs`).
+/// Pages of `[addr, addr + len)`, for the NUMA scan clock (`task_tick_numa.rs`).
 fn pages_spanned(addr: u64, len: usize) -> u64 {
     let end = addr.saturating_add(len as u64);
     (end.div_ceil(PAGE)).saturating_sub(addr / PAGE).max(1)

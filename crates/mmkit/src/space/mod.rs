@@ -8,8 +8,9 @@
 //! per file, as in Linux's `mm/`:
 //!
 //! - `mmap.rs`: [`MapFlags`], VMAs, the VMA tree, `mmap` / `munmap`.
-//! - `pagewalk.rs`: walking the page table without allocating (`follow_pte`), the
-//!   per-thread walk cache, `translate`.
+//! - `pagewalk.rs`: walking the page table without allocating: the one range
+//!   walker (`walk_page_range` with `MmWalkOps`), `follow_pte`, the per-thread
+//!   walk cache, `translate`.
 //! - `mmu.rs`: the emulated MMU: the access path that sets the accessed and dirty
 //!   bits, `read` / `write` / `touch` / `populate` / `with_page`, page pins.
 //! - `memory.rs`: the fault path, `handle_mm_fault` -> `handle_pte_fault`, the one
@@ -17,9 +18,14 @@
 //!   (and to `huge_memory.rs` for a PMD).
 //! - `huge_memory.rs`: huge (order-9) faults, PMD split and zap.
 //! - `zap.rs`: unmap: `mmu_gather`, `zap_*`, freeing tables, parallel free.
+//! - `swap.rs`: swap-in (`do_swap_page`) and swapoff's walk (`unuse`).
 //! - `mprotect.rs`: `change_prot_numa`.
-//! - `numa_balance.rs`: automatic NUMA balancing: the scanner
-//!   (`task_numa_work`), the hint fault's record and migration, the counters.
+//! - `mempolicy.rs`: the space side of memory policies: `set_mempolicy`,
+//!   `mbind`, `get_mempolicy`, the node a fault allocates on.
+//! - `task_numa.rs`: the mechanism of automatic NUMA balancing: the scanner
+//!   (`task_numa_work`), the hint fault's record and migration
+//!   (`task_numa_fault`), placement; `task_tick_numa.rs`: what starts a
+//!   scan pass. The policy they consult is the top-level `numa_balancing/`.
 //!
 //! What is reached from a page (pfn -> reverse map -> space) lives at the top
 //! level: `rmap.rs` (the walk, the page lock, **the lock order**), `migrate.rs`
@@ -49,14 +55,14 @@
 
 mod huge_memory;
 mod memory;
+mod mempolicy;
 mod mmap;
 mod mmu;
 mod mprotect;
-mod numa_balance;
-mod numa_tick;
 mod pagewalk;
-mod policy;
 mod swap;
+mod task_numa;
+mod task_tick_numa;
 #[cfg(test)]
 pub(crate) mod tests;
 mod zap;
@@ -73,11 +79,11 @@ use crate::pgtable::{alloc_table, table, Pte, Table, TASK_SIZE};
 use crate::{Error, Mm, Pfn, StdPlatform, PAGE_SIZE};
 
 pub(crate) use huge_memory::HugeSplit;
+pub use mempolicy::MbindReport;
 pub use mmap::MapFlags;
 pub(crate) use mmap::VmaTree;
 pub use mmu::PinnedPage;
 use pagewalk::next_gen;
-pub use policy::MbindReport;
 use zap::{MmuGather, FREE_UPPER};
 
 /// Lowest address `mmap` hands out.
@@ -211,10 +217,10 @@ pub(crate) struct SpaceInner {
     stats: Counters,
     /// Number of VMAs (written under the exclusive VMA lock).
     nr_vmas: AtomicU64,
-    /// The memory policies of the space and its ranges (`policy.rs`).
-    policies: policy::Policies,
-    /// Automatic NUMA balancing (`numa_balance.rs`).
-    numab: numa_balance::SpaceNumab,
+    /// The memory policies of the space and its ranges (`mempolicy.rs`).
+    policies: mempolicy::Policies,
+    /// Automatic NUMA balancing (`task_numa.rs`).
+    numab: task_numa::SpaceNumab,
 }
 
 impl Mm {
@@ -235,7 +241,7 @@ impl Mm {
             vmas: ShardedLock::new(VmaTree::new(MMAP_BASE, next_gen())),
             stats: Counters::new(self.config().nr_cpus),
             nr_vmas: AtomicU64::new(0),
-            policies: policy::Policies::default(),
+            policies: mempolicy::Policies::default(),
             numab: Default::default(),
         });
         inner.stats.add(Stat::PgTables, 1);

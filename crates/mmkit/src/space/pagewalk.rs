@@ -1,23 +1,41 @@
 //! Walking the page table without allocating (Linux's `mm/pagewalk.c` and
-//! `follow_pte`), the per-thread walk cache, and `translate`.
+//! `follow_pte`): the one range walker, the single-address lookup, the
+//! per-thread walk cache, and `translate`.
+//!
+//! [`SpaceInner::walk_page_range`] (Linux's `walk_page_range` with
+//! `mm_walk_ops`) visits the VMAs that meet a range, in address order, and
+//! within each the page table: a huge PMD goes to [`MmWalkOps::pmd_entry`],
+//! every entry of a PTE table (empty ones included) to
+//! [`MmWalkOps::pte_entry`], and a missing table at any level to
+//! [`MmWalkOps::pte_hole`] once, for the whole span it would cover (a missing
+//! PGD entry skips 512 GiB in one step). Each callback returns a
+//! [`ControlFlow`]; `Break` ends the walk at once and is handed back to the
+//! caller. Gaps between VMAs are not reported. Every range walk of the space
+//! side goes through it: `change_prot_numa` (and so the NUMA scanner), the
+//! scan of `mbind` and swapoff's `unuse`.
 //!
 //! Invariants: a walk returns references into table pages that borrow from the
 //! `&VmaTree` of a live VMA-lock guard, so they cannot outlive it; a table page is
 //! freed only under the exclusive lock. A walk-cache entry is used only while the
-//! tree's epoch is the one it was filled in (see [`WalkCache`]).
+//! tree's epoch is the one it was filled in (see [`WalkCache`]). An entry handed
+//! to a callback was read once (Acquire); under the shared lock it may have
+//! changed since, so a callback that writes it does so by compare-and-swap.
 //!
 //! Locking: every walk runs under the space's VMA lock, shared or exclusive; the
 //! cached walks (`find_cached`, `follow_pte_cached`) only under the shared lock.
 //! Entries are read with Acquire loads; nothing here writes an entry.
 
 use std::cell::Cell;
+pub(super) use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::mmap::{MapFlags, Vma, VmaTree};
 use super::mmu::not_in_page;
-use super::{Space, SpaceInner, Translation};
+use super::{Space, SpaceInner, Translation, PAGE};
 use crate::migrate::wait_migration;
-use crate::pgtable::{pt_index, Pte, HPAGE_PMD_NR, HPAGE_PMD_ORDER, PMD_SIZE, TASK_SIZE};
+use crate::pgtable::{
+    level_shift, pt_index, Pte, HPAGE_PMD_NR, HPAGE_PMD_ORDER, PMD_SIZE, TASK_SIZE,
+};
 use crate::Pfn;
 
 /// Where the upper levels of a page-table walk end (`walk_upper`).
@@ -26,6 +44,59 @@ enum Upper<'a> {
     Table(Pfn),
     /// A huge PMD: its slot and value.
     Huge(&'a AtomicU64, Pte),
+}
+
+/// What a range walk hands its callbacks besides the entry (Linux's
+/// `struct mm_walk`): the VMA-lock witness the entries borrow from, and the
+/// VMA being walked.
+pub(super) struct MmWalk<'a> {
+    pub(super) held: &'a VmaTree,
+    pub(super) vma: &'a Vma,
+}
+
+/// The callbacks of [`SpaceInner::walk_page_range`] (Linux's
+/// `struct mm_walk_ops`). `addr` and `next` are clamped to the walked range
+/// and VMA: a huge PMD met where the range starts inside it is handed over
+/// with `addr` inside it.
+pub(super) trait MmWalkOps {
+    /// What a callback ends the walk with.
+    type Break;
+
+    /// A huge PMD `e` in `slot` mapping `[addr, next)` of the range. Not walked
+    /// further. Ignored by default.
+    fn pmd_entry(
+        &mut self,
+        walk: &MmWalk<'_>,
+        slot: &AtomicU64,
+        e: Pte,
+        addr: u64,
+        next: u64,
+    ) -> ControlFlow<Self::Break> {
+        let _ = (walk, slot, e, addr, next);
+        ControlFlow::Continue(())
+    }
+
+    /// The PTE `e` in `slot` for the page at `addr`, empty entries included.
+    fn pte_entry(
+        &mut self,
+        walk: &MmWalk<'_>,
+        slot: &AtomicU64,
+        e: Pte,
+        addr: u64,
+    ) -> ControlFlow<Self::Break>;
+
+    /// `[addr, next)` has no table: the entry at `level` (3: PGD .. 1: PMD)
+    /// is not present. Ignored by default.
+    fn pte_hole(
+        &mut self,
+        walk: &MmWalk<'_>,
+        addr: u64,
+        next: u64,
+        level: u32,
+    ) -> ControlFlow<Self::Break> {
+        let _ = (walk, addr, next, level);
+        ControlFlow::Continue(())
+    }
 }
 
 /// A new, never used walk-cache epoch (0 is never handed out).
@@ -124,6 +195,86 @@ impl SpaceInner {
             Upper::Huge(slot, e) => Some((slot, e, 1)),
             Upper::Table(pt) => Some(self.pte_of(held, pt, addr)),
         }
+    }
+
+    /// Linux's `walk_page_range`: walks `[start, end)` (page aligned) through
+    /// `ops`, VMA by VMA in address order (see the module header). Returns the
+    /// `Break` of the callback that ended the walk early.
+    pub(super) fn walk_page_range<O: MmWalkOps>(
+        &self,
+        held: &VmaTree,
+        start: u64,
+        end: u64,
+        ops: &mut O,
+    ) -> ControlFlow<O::Break> {
+        let end = end.min(TASK_SIZE);
+        if start >= end {
+            return ControlFlow::Continue(());
+        }
+        // The VMA containing `start`, if any, then those starting before `end`.
+        let first = held
+            .map
+            .range(..=start)
+            .next_back()
+            .filter(|(_, v)| v.end > start)
+            .map_or(start, |(k, _)| *k);
+        for vma in held.map.range(first..end).map(|(_, v)| v) {
+            let walk = MmWalk { held, vma };
+            let (a, b) = (vma.start.max(start), vma.end.min(end));
+            self.walk_upper_range(&walk, self.pgd, 3, a, b, ops)?;
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// `[start, end)` through the level-`level` table `table` (3: PGD .. 1:
+    /// PMD): Linux's `walk_pgd_range` .. `walk_pmd_range` in one.
+    fn walk_upper_range<O: MmWalkOps>(
+        &self,
+        walk: &MmWalk<'_>,
+        table: Pfn,
+        level: u32,
+        start: u64,
+        end: u64,
+        ops: &mut O,
+    ) -> ControlFlow<O::Break> {
+        let t = self.tbl(walk.held, table);
+        let mask = (1u64 << level_shift(level)) - 1;
+        let mut a = start;
+        while a < end {
+            let next = ((a | mask) + 1).min(end);
+            let slot = &t[pt_index(a, level)];
+            let e = Pte::from_raw(slot.load(Ordering::Acquire));
+            if level == 1 && e.is_huge() {
+                ops.pmd_entry(walk, slot, e, a, next)?;
+            } else if !e.is_present() {
+                ops.pte_hole(walk, a, next, level)?;
+            } else if level == 1 {
+                self.walk_pte_range(walk, e.pfn(), a, next, ops)?;
+            } else {
+                self.walk_upper_range(walk, e.pfn(), level - 1, a, next, ops)?;
+            }
+            a = next;
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Every PTE of `[start, end)` in the PTE table `pt` (Linux's
+    /// `walk_pte_range`).
+    #[inline]
+    fn walk_pte_range<O: MmWalkOps>(
+        &self,
+        walk: &MmWalk<'_>,
+        pt: Pfn,
+        start: u64,
+        end: u64,
+        ops: &mut O,
+    ) -> ControlFlow<O::Break> {
+        let t = self.tbl(walk.held, pt);
+        for a in (start..end).step_by(PAGE as usize) {
+            let slot = &t[pt_index(a, 0)];
+            ops.pte_entry(walk, slot, Pte::from_raw(slot.load(Ordering::Acquire)), a)?;
+        }
+        ControlFlow::Continue(())
     }
 
     /// `follow_pte` through this thread's [`WalkCache`], which it fills when the

@@ -1,5 +1,5 @@
 //! Swap-in (Linux's `do_swap_page` in `mm/memory.c`) and swapoff's walk over a
-//! space (Linux's `unuse_mm`).
+//! space (Linux's `unuse_mm`, through `walk_page_range` in `pagewalk.rs`).
 //!
 //! A fault on a swap PTE pins the entry's device once (`SwapDevices::get`;
 //! none, with the PTE unchanged, is a bad entry) and uses it throughout, for
@@ -40,9 +40,10 @@ use mmkit_core::page::PG_READAHEAD;
 use mmkit_core::VmEvent;
 
 use super::memory::VmFault;
+use super::pagewalk::{ControlFlow, MmWalk, MmWalkOps};
 use super::{leaf, SpaceInner, Stat, PAGE};
 use crate::page_io::SwapIoError;
-use crate::pgtable::{desc, pt_index, Pte, SwapEntry, Table, PMD_SIZE};
+use crate::pgtable::{desc, pt_index, Pte, SwapEntry, Table, PMD_SIZE, TASK_SIZE};
 use crate::rmap::PageGuard;
 use crate::swap_cluster::SWAPFILE_CLUSTER;
 use crate::swap_state::{SwapCacheRead, SwapInFail, SwapReadahead};
@@ -265,35 +266,56 @@ impl SpaceInner {
     /// Swapoff's walk (Linux's `unuse_mm`): faults back in every page of this
     /// space that sits on swap device `ty`. Returns how many it brought back.
     pub(crate) fn unuse(&self, ty: u32) -> Result<u64, Error> {
-        let mm = &self.mm;
         let g = self.read_lock();
-        let vmas: Vec<_> = g.map.values().copied().collect();
-        let mut n = 0;
-        for vma in vmas {
-            let mut a = vma.start;
-            while a < vma.end {
-                match self.follow_pte(&g, a) {
-                    Some((_, e, 0)) if e.swap_entry().is_some_and(|s| s.ty() == ty) => {
-                        self.access(&g, &vma, a, false, 1)?;
-                        n += 1;
-                    }
-                    Some((_, e, 0)) if e.is_present() => {
-                        // A page kept in the swap cache holds its slot too.
-                        let page = mm.lock_page(e.pfn());
-                        if mm.swapcache_entry(&page).is_some_and(|s| s.ty() == ty) {
-                            mm.swapcache_drop_page(&page);
-                        }
-                    }
-                    _ => {}
-                }
-                a += PAGE;
-            }
+        let mut walk = Unuse {
+            space: self,
+            ty,
+            n: 0,
+        };
+        match self.walk_page_range(&g, 0, TASK_SIZE, &mut walk) {
+            ControlFlow::Break(e) => Err(e),
+            ControlFlow::Continue(()) => Ok(walk.n),
         }
-        Ok(n)
     }
 
     /// One page fewer resident (reclaim unmapped it).
     pub(crate) fn sub_rss(&self, pages: i64) {
         self.stats.add(Stat::Rss, -pages);
+    }
+}
+
+/// Swapoff's callbacks for `walk_page_range` (Linux's `unuse_pte_range`).
+struct Unuse<'a> {
+    space: &'a SpaceInner,
+    ty: u32,
+    /// Pages brought back.
+    n: u64,
+}
+
+impl MmWalkOps for Unuse<'_> {
+    type Break = Error;
+
+    fn pte_entry(
+        &mut self,
+        walk: &MmWalk<'_>,
+        _: &AtomicU64,
+        e: Pte,
+        addr: u64,
+    ) -> ControlFlow<Error> {
+        let s = self.space;
+        let mm = &s.mm;
+        if e.swap_entry().is_some_and(|x| x.ty() == self.ty) {
+            if let Err(err) = s.access(walk.held, walk.vma, addr, false, 1) {
+                return ControlFlow::Break(err);
+            }
+            self.n += 1;
+        } else if e.is_present() {
+            // A page kept in the swap cache holds its slot too.
+            let page = mm.lock_page(e.pfn());
+            if mm.swapcache_entry(&page).is_some_and(|x| x.ty() == self.ty) {
+                mm.swapcache_drop_page(&page);
+            }
+        }
+        ControlFlow::Continue(())
     }
 }

@@ -1,6 +1,8 @@
-//! Memory policies of a space and its ranges (Linux's `set_mempolicy`, `mbind`,
+//! The space side of memory policies (Linux's `mm/mempolicy.c` system calls):
+//! the policies of a space and its ranges (`set_mempolicy`, `mbind`,
 //! `get_mempolicy`, `move_pages` with no target), the node a fault allocates on,
-//! and the local/remote count of the access path.
+//! and the local/remote count of the access path. The policy values and their
+//! placement arithmetic are the top-level `mempolicy.rs`.
 //!
 //! A space holds a table of the policies it was given (`Policies`); a VMA names
 //! one by index (`Vma::pol`, 0 = none: the space's policy applies) and carries
@@ -9,7 +11,8 @@
 //! at offset `i` of the range on the `(i mod n)`-th node of the mask, a huge
 //! page by its huge-page index. `mbind` splits VMAs at the range's ends (and a
 //! huge PMD straddling an end) as Linux's `mbind_range` does; adjacent VMAs with
-//! the same policy are not merged back.
+//! the same policy are not merged back. `mbind`'s scan for misplaced pages walks
+//! the range with `walk_page_range` (`pagewalk.rs`).
 //!
 //! A fault allocates with [`MemPolicy::placement`] for its address and the
 //! faulting thread's node. With one node none of this runs: the fault path
@@ -23,7 +26,8 @@
 //! under it); VMA policies change under the exclusive VMA lock. `mbind`'s moves
 //! run after that lock is dropped, through `migrate.rs` (page side).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use mmkit_core::node::NodeMask;
@@ -31,10 +35,11 @@ use mmkit_core::NodeReq;
 
 use super::mmap::{bad, check_range, page_range, Vma};
 use super::mmu::not_in_page;
+use super::pagewalk::{ControlFlow, MmWalk, MmWalkOps};
 use super::{Space, SpaceInner, Stat, PAGE};
 use crate::mempolicy::{MbindFlags, MemPolicy, Placement};
 use crate::migrate::{migrate_page, MigrateError};
-use crate::pgtable::{HPAGE_PMD_ORDER, PMD_SIZE};
+use crate::pgtable::{Pte, HPAGE_PMD_ORDER, PMD_SIZE};
 use crate::rmap::RmapWalkControl;
 use crate::{Error, Gfp, Pfn};
 
@@ -140,6 +145,49 @@ fn preferred_many_req(p: &MemPolicy, pl: &Placement, local: usize) -> Option<Nod
         nodemask: Some(pl.nodes[..pl.policy_nodes].iter().copied().collect()),
         interleave: false,
     })
+}
+
+/// `mbind`'s scan: the resident pages of the range not on `mask`'s nodes, as
+/// (address, pfn, huge PMD) in address order.
+struct Misplaced<'a> {
+    mm: &'a crate::Mm,
+    mask: NodeMask,
+    found: &'a mut Vec<(u64, Pfn, bool)>,
+}
+
+impl Misplaced<'_> {
+    fn leaf(&mut self, e: Pte, addr: u64, huge: bool) {
+        if e.is_present() && !self.mask.contains(self.mm.node_of(e.pfn())) {
+            self.found.push((addr, e.pfn(), huge));
+        }
+    }
+}
+
+impl MmWalkOps for Misplaced<'_> {
+    type Break = Infallible;
+
+    fn pmd_entry(
+        &mut self,
+        _: &MmWalk<'_>,
+        _: &AtomicU64,
+        e: Pte,
+        addr: u64,
+        _: u64,
+    ) -> ControlFlow<Infallible> {
+        self.leaf(e, addr, true);
+        ControlFlow::Continue(())
+    }
+
+    fn pte_entry(
+        &mut self,
+        _: &MmWalk<'_>,
+        _: &AtomicU64,
+        e: Pte,
+        addr: u64,
+    ) -> ControlFlow<Infallible> {
+        self.leaf(e, addr, false);
+        ControlFlow::Continue(())
+    }
 }
 
 impl SpaceInner {
@@ -288,22 +336,12 @@ impl Space {
             // The resident pages not on the policy's nodes (before any change).
             let mut found = Vec::new();
             if let Some(mask) = allowed {
-                let mut a = addr;
-                while a < end {
-                    let Some((_, e, level)) = inner.follow_pte(&g, a) else {
-                        a += PAGE;
-                        continue;
-                    };
-                    let huge = level == 1 && e.is_huge();
-                    if e.is_present() && !mask.contains(mm.node_of(e.pfn())) {
-                        found.push((a, e.pfn(), huge));
-                    }
-                    a = if huge {
-                        (a & !(PMD_SIZE - 1)) + PMD_SIZE
-                    } else {
-                        a + PAGE
-                    };
-                }
+                let mut scan = Misplaced {
+                    mm: &mm,
+                    mask,
+                    found: &mut found,
+                };
+                let _ = inner.walk_page_range(&g, addr, end, &mut scan);
             }
             if flags.contains(MbindFlags::STRICT) && !flags.contains(MbindFlags::MOVE) {
                 if let Some(&(first, _, _)) = found.first() {

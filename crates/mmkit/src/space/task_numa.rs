@@ -1,12 +1,17 @@
-//! Automatic NUMA balancing of one space (Linux's `task_numa_work`,
-//! `do_numa_page`'s migration half, `task_numa_fault` and `task_numa_placement`
-//! in `kernel/sched/fair.c` and `mm/memory.c`). The policy (scan period, the
-//! two-stage filter) is `numa_balancing.rs`; this file is the mechanism:
+//! Automatic NUMA balancing of one space, the mechanism (Linux's
+//! `task_numa_work`, `task_numa_fault` and `task_numa_placement` in
+//! `kernel/sched/fair.c`, and `do_numa_page`'s migration half in
+//! `mm/memory.c`); the file is named for the `task_numa_*` functions it holds
+//! (a Linux task's NUMA work is a space's here). The policy (scan period, the
+//! two-stage filter, the counters) is `numa_balancing/`; what starts a pass is
+//! `task_tick_numa.rs`:
 //!
 //! - [`Space::task_numa_work`] ends the current scan window (its record goes to
 //!   [`ScanPeriod::update`], which gives the next period and the nodes to avoid)
-//!   and turns up to `scan_size` of present PTEs and huge PMDs into NUMA-hint
-//!   entries, from where the previous pass stopped; a pass that reaches the end of
+//!   and, through `change_prot_numa` (`mprotect.rs`), turns up to `scan_size`
+//!   of present PTEs and huge PMDs into NUMA-hint entries, from where the
+//!   previous pass stopped, looking at no more than `VIRT_SCAN_FACTOR` times
+//!   that of virtual space; a pass that reaches the end of
 //!   the space starts a new scan sequence (fault statistics halved, preferred
 //!   node chosen). Under `Adaptive`, an entry whose page could only move to a
 //!   node found full is left alone, but for one in `PROBE_EVERY` (by address),
@@ -14,7 +19,7 @@
 //! - The automatic scanner is chosen by `MmBuilder::numa_scan_trigger`: by
 //!   default (`ScanTrigger::TaskCpu`, as Linux) the space's own threads run
 //!   `task_numa_work` on their way out of an access once the period has elapsed
-//!   in their CPU time (`numa_tick.rs`); `ScanTrigger::Wall` is a background
+//!   in their CPU time (`task_tick_numa.rs`); `ScanTrigger::Wall` is a background
 //!   thread per space (`kthread.rs`) that wakes every tenth of the minimum
 //!   period and scans once the period has elapsed in wall-clock time. Under
 //!   `Adaptive`, both also scan as soon as a node avoided as full has free
@@ -35,11 +40,11 @@
 //! pages take hint faults (recorded) but are not migrated (`migrate.rs` moves
 //! order-0 pages only).
 //!
-//! Invariants: the counters are exact (`counters.rs`); `hint faults = local +
+//! Invariants: the counters are exact (`numa_balancing/counters.rs`); `hint faults = local +
 //! remote`; every migration attempt ends in exactly one of success or one cause.
 //! Locking: `ScanState` is under its mutex (a leaf, held for bookkeeping only,
 //! never across a page-table walk, an allocation or a migration); the scan runs
-//! under the shared VMA lock like `change_prot_numa`; the hint fault's migration
+//! under the shared VMA lock (`change_prot_numa`); the hint fault's migration
 //! runs inside the fault (shared VMA lock held) and only try-locks (`migrate.rs`).
 
 use std::cell::Cell;
@@ -51,8 +56,8 @@ use mmkit_core::node::NodeMask;
 use mmkit_core::NodeReq;
 
 use super::memory::VmFault;
-use super::mprotect::{clear_numa_hint, set_numa_hint};
-use super::policy::allowed_nodes;
+use super::mempolicy::allowed_nodes;
+use super::mprotect::{clear_numa_hint, ProtNuma};
 use super::{Space, SpaceInner, Stat, PAGE};
 use crate::kthread::Kthread;
 use crate::mempolicy::MemPolicy;
@@ -61,7 +66,7 @@ use crate::numa_balancing::{
     should_numa_migrate_memory, Cpupid, MigrateFail, MigrateQuery, NumabCounters, NumabStat,
     NumabStats, ScanPeriod, ScanTrigger, ScanWindow,
 };
-use crate::pgtable::{desc, Pte, HPAGE_PMD_NR, PMD_SIZE};
+use crate::pgtable::{desc, Pte, HPAGE_PMD_NR, TASK_SIZE};
 use crate::rmap::RmapWalkControl;
 use crate::{Gfp, Pfn};
 
@@ -86,7 +91,7 @@ pub(super) struct SpaceNumab {
     scan_seq: AtomicU64,
     /// The preferred node + 1 (0: none yet).
     preferred: AtomicU32,
-    /// The space's scan clock in ns (`numa_tick.rs`): its threads' CPU time,
+    /// The space's scan clock in ns (`task_tick_numa.rs`): its threads' CPU time,
     /// or the declared cost of its accesses.
     pub(super) clock_ns: AtomicU64,
     /// The clock value at which the next automatic pass is due (`u64::MAX`
@@ -362,42 +367,17 @@ impl SpaceInner {
             t.remove(node);
             !t.is_empty() && t.iter().all(|n| avoid.contains(n))
         };
-        let (mut marked, mut huge, mut seen) = (0u64, 0u64, 0u64);
-        let mut next = 0u64; // 0: the end of the space was reached
-        {
+        let probe = |a: u64| (a / PAGE).is_multiple_of(PROBE_EVERY);
+        let mut scan = ProtNuma::new(budget, virt_budget, |a, pfn| {
+            probe(a) || !skip(mm.node_of(pfn))
+        });
+        // 0: the end of the space was reached.
+        let next = {
             let g = self.read_lock();
-            'vmas: for vma in g.map.values().filter(|v| v.end > start) {
-                let mut a = vma.start.max(start);
-                while a < vma.end {
-                    if marked >= budget || seen >= virt_budget {
-                        next = a;
-                        break 'vmas;
-                    }
-                    let Some((slot, e, level)) = self.follow_pte(&g, a) else {
-                        // No table: the rest of this PMD is empty.
-                        let n = ((a | (PMD_SIZE - 1)) + 1).min(vma.end);
-                        seen += (n - a) / PAGE;
-                        a = n;
-                        continue;
-                    };
-                    let pages = if level == 1 { HPAGE_PMD_NR } else { 1 };
-                    seen += pages;
-                    let probe = (a / PAGE).is_multiple_of(PROBE_EVERY);
-                    if e.is_present()
-                        && (probe || !skip(mm.node_of(e.pfn())))
-                        && set_numa_hint(slot, e)
-                    {
-                        marked += pages;
-                        huge += u64::from(level == 1);
-                    }
-                    a = if level == 1 {
-                        (a & !(PMD_SIZE - 1)) + PMD_SIZE
-                    } else {
-                        a + PAGE
-                    };
-                }
-            }
-        }
+            self.change_prot_numa(&g, start, TASK_SIZE, &mut scan)
+                .unwrap_or(0)
+        };
+        let (marked, huge) = (scan.marked, scan.huge);
         {
             let mut g = self.numab.lock();
             if let Some(st) = g.as_mut() {

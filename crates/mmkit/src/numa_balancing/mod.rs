@@ -1,9 +1,17 @@
 //! Automatic NUMA balancing, the policy half: how fast a space's PTEs are scanned
 //! (Linux's `update_task_scan_period`, `task_scan_min` / `task_scan_max` in
 //! `kernel/sched/fair.c`) and whether a hint fault should migrate its page
-//! (`should_numa_migrate_memory`'s two-stage filter). The scanner
-//! (`task_numa_work`) and the hint fault (`do_numa_page`) call into this module;
-//! it has no threads, no page tables and no clock of its own.
+//! (`should_numa_migrate_memory`'s two-stage filter), and the counters
+//! (`counters.rs`). The scanner (`task_numa_work`) and the hint fault
+//! (`do_numa_page`) call into this module; it has no threads, no page tables
+//! and no clock of its own.
+//!
+//! Names: this directory is the policy, named for the feature and its sysctl
+//! (`numa_balancing`); the mechanism sits under `space/`, where the page
+//! tables are, in files named for the Linux functions they hold:
+//! `space/task_numa.rs` (`task_numa_work`, `task_numa_fault`,
+//! `task_numa_placement`, with `do_numa_page`'s migration half) and
+//! `space/task_tick_numa.rs` (`task_tick_numa`, what starts a pass).
 //!
 //! Every scan window (one period) the fault path hands [`ScanPeriod::update`] a
 //! [`ScanWindow`] record: hint faults local/remote and private/shared,

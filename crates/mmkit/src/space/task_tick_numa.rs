@@ -1,13 +1,14 @@
-//! What starts a space's automatic NUMA scan pass (Linux's `task_tick_numa` and
-//! the `numa_next_scan` gate of `task_numa_work`), for the progress-driven
-//! triggers [`ScanTrigger::TaskCpu`] and [`ScanTrigger::Accesses`].
+//! What starts a space's automatic NUMA scan pass (Linux's `task_tick_numa`,
+//! which names the file, and the `numa_next_scan` gate of `task_numa_work`),
+//! for the progress-driven triggers [`ScanTrigger::TaskCpu`] and
+//! [`ScanTrigger::Accesses`]. The pass itself is `task_numa.rs`.
 //!
 //! Each space with balancing on keeps a clock of its own, `clock_ns`: the CPU
 //! time its threads spent (TaskCpu) or a fixed cost per page accessed
 //! (Accesses), and the clock value at which the next pass is due,
 //! `next_scan_ns`. The public access calls (`read`, `write`, `touch`,
 //! `populate`, `with_page`, `pin_page`) end, once the VMA lock is dropped, with
-//! [`SpaceInner::numa_tick`] (Linux's return to user space): it advances the
+//! [`SpaceInner::task_tick_numa`] (Linux's return to user space): it advances the
 //! clock by this call's share and, when the clock has reached `next_scan_ns`,
 //! the one thread whose compare-exchange claims the due time runs
 //! `task_numa_work` itself, which sets the next due time to the clock value
@@ -37,7 +38,7 @@ use std::sync::atomic::Ordering;
 
 use mmkit_core::node::NodeMask;
 
-use super::numa_balance::{still_full, thread_cpu_ns};
+use super::task_numa::{still_full, thread_cpu_ns};
 use super::SpaceInner;
 use crate::numa_balancing::ScanTrigger;
 
@@ -97,15 +98,15 @@ impl SpaceInner {
     /// clock and runs a due scan pass in this thread (see the header). One
     /// atomic load when balancing is off.
     #[inline]
-    pub(super) fn numa_tick(&self, pages: u64) {
+    pub(super) fn task_tick_numa(&self, pages: u64) {
         if !self.numab.enabled.load(Ordering::Relaxed) {
             return;
         }
-        self.numa_tick_slow(pages);
+        self.task_tick_numa_slow(pages);
     }
 
     #[inline(never)]
-    fn numa_tick_slow(&self, pages: u64) {
+    fn task_tick_numa_slow(&self, pages: u64) {
         let (now, sampled) = match self.mm.inner.numab.trigger {
             ScanTrigger::TaskCpu => {
                 let me = &self.numab as *const _ as usize;
