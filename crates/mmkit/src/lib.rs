@@ -25,6 +25,13 @@
 //! # Ok::<(), mmkit::Error>(())
 //! ```
 
+/// docs/api-contract.md, whose code blocks run as this crate's doctests, so the
+/// contract cannot drift from the code (only under `cfg(doctest)`: not part of
+/// the API).
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/api-contract.md")]
+pub struct ApiContract;
+
 mod arena;
 mod builder;
 mod compaction;

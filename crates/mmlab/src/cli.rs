@@ -1,4 +1,5 @@
-//! The command line: `mmlab run [WORKLOAD...]` and `mmlab list`. Turns flags
+//! The command line: `mmlab run [WORKLOAD...]`, `mmlab list`, `mmlab compare`
+//! and `mmlab results`. Turns flags
 //! into a `runner::Config`, runs, prints the tables and the figures, and writes
 //! the report directory and the optional JSON Lines file.
 
@@ -7,6 +8,7 @@ use crate::host::facts as host_facts;
 use crate::peers::VARIANTS;
 use crate::record::write_jsonl;
 use crate::report;
+use crate::results;
 use crate::runner::{self, Config, Timing};
 use crate::settings::{self, Settings};
 use crate::workloads::{self, Workload};
@@ -47,6 +49,10 @@ enum Command {
     /// Compare runs: for each point, a column per JSON Lines file with the
     /// change against the first (~: within the spread of the rounds).
     Compare(CompareArgs),
+    /// Write docs/results.md (and the README's seeds table) from a run's JSON
+    /// Lines: the run's command, commit and host, the seeds, the figures and
+    /// every table.
+    Results(ResultsArgs),
     /// Internal: the child process of pmbench's kernel variant.
     #[command(name = "pmbench-child", hide = true)]
     PmbenchChild {
@@ -65,6 +71,23 @@ struct CompareArgs {
     /// Markdown tables instead of aligned text.
     #[arg(long)]
     md: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct ResultsArgs {
+    /// JSON Lines of `mmlab run --json` (or a report's results.jsonl).
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+    /// The Markdown page to write.
+    #[arg(long, value_name = "PATH", default_value = "docs/results.md")]
+    out: PathBuf,
+    /// Also rewrite the seeds' table between `<!-- results:seeds -->` and
+    /// `<!-- /results -->` in this file (e.g. README.md).
+    #[arg(long, value_name = "PATH")]
+    readme: Option<PathBuf>,
+    /// Write nothing; fail if a file differs from what the records give.
+    #[arg(long)]
+    check: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -167,6 +190,18 @@ pub fn main() -> Result<()> {
         Command::Run(args) => run(*args),
         Command::Compare(args) => {
             print!("{}", compare::run(&args.files, args.md)?);
+            Ok(())
+        }
+        Command::Results(a) => {
+            print!(
+                "{}",
+                results::run(&results::Options {
+                    file: a.file,
+                    out: a.out,
+                    readme: a.readme,
+                    check: a.check,
+                })?
+            );
             Ok(())
         }
         Command::PmbenchChild {
@@ -436,6 +471,102 @@ mod tests {
         assert_eq!(a.files.len(), 2);
         assert!(a.md);
         assert!(Cli::try_parse_from(["mmlab", "compare", "a.jsonl"]).is_err());
+    }
+
+    /// The Markdown tables of `md`: each table's header cells and, per row, its
+    /// first cell with the backticks taken off.
+    fn doc_tables(md: &str) -> Vec<(Vec<String>, Vec<Vec<String>>)> {
+        let cells = |l: &str| -> Vec<String> {
+            l.trim()
+                .trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().trim_matches('`').to_string())
+                .collect()
+        };
+        let lines: Vec<&str> = md.lines().collect();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i + 1 < lines.len() {
+            if lines[i].starts_with('|') && lines[i + 1].starts_with("|---") {
+                let header = cells(lines[i]);
+                let mut rows = Vec::new();
+                i += 2;
+                while i < lines.len() && lines[i].starts_with('|') {
+                    rows.push(cells(lines[i]));
+                    i += 1;
+                }
+                out.push((header, rows));
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
+    fn sorted(mut v: Vec<String>) -> Vec<String> {
+        v.sort();
+        v
+    }
+
+    /// docs/lab.md's lists of workloads, variants, metrics and `--set` keys are
+    /// those `mmlab list` prints (it is built from the same registries): none
+    /// missing, none stale, and each metric with its unit.
+    #[test]
+    fn lab_md_lists_what_mmlab_list_lists() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/lab.md");
+        let md = std::fs::read_to_string(path).unwrap();
+        let tables = doc_tables(&md);
+        let table = |first: &str, second: &str| -> Vec<Vec<String>> {
+            let found: Vec<_> = tables
+                .iter()
+                .filter(|(h, _)| h[0] == first && h.get(1).map(String::as_str) == Some(second))
+                .collect();
+            assert_eq!(found.len(), 1, "docs/lab.md: one table | {first} | {second} |");
+            found[0].1.clone()
+        };
+        let names = |rows: &[Vec<String>]| sorted(rows.iter().map(|r| r[0].clone()).collect());
+
+        let workloads = table("name", "what each thread does");
+        let want = sorted(workloads::all().iter().map(|w| w.name().to_string()).collect());
+        assert_eq!(names(&workloads), want, "docs/lab.md's workloads");
+
+        let variants = table("name", "what it is");
+        let want = sorted(VARIANTS.iter().map(|v| v.name.to_string()).collect());
+        assert_eq!(names(&variants), want, "docs/lab.md's allocator variants");
+
+        let metrics = table("name", "unit");
+        let want = sorted(workloads::all_metrics().iter().map(|m| m.name.to_string()).collect());
+        assert_eq!(names(&metrics), want, "docs/lab.md's metrics");
+        for m in workloads::all_metrics() {
+            let row = metrics.iter().find(|r| r[0] == m.name).unwrap();
+            assert_eq!(row[1], m.unit, "docs/lab.md: the unit of {}", m.name);
+        }
+
+        let keys = table("key", "values");
+        let want = sorted(settings::KEYS.iter().map(|k| k.name.to_string()).collect());
+        assert_eq!(names(&keys), want, "docs/lab.md's --set keys");
+
+        // Every workload's own variants are documented, and every row of a
+        // variant table names a variant of some workload.
+        let mut all: Vec<&str> = Vec::new();
+        for w in workloads::all() {
+            for v in workloads::variants_of(w) {
+                assert!(
+                    md.contains(&format!("`{}`", v.name)),
+                    "docs/lab.md does not name {}'s variant {}",
+                    w.name(),
+                    v.name
+                );
+                all.push(v.name);
+            }
+        }
+        for (h, rows) in &tables {
+            if h[0] == "variant" {
+                for r in rows {
+                    assert!(all.contains(&r[0].as_str()), "docs/lab.md: {} is no variant", r[0]);
+                }
+            }
+        }
     }
 
     #[test]

@@ -17,8 +17,10 @@
 //! - `host/`: the host side, one file per job: CPU pinning, host facts (where a
 //!   run was measured, git commit), host memory, memory cgroups, a RAM-backed
 //!   swap device and its teardown, and the child-process protocol;
-//! - `report/`: tables (`table`), plots (`plot`), the figures (`figures`)
-//!   and the report directory (`mod`).
+//! - `results`: `mmlab results`, docs/results.md and the README's seeds table
+//!   from a run's records;
+//! - `report/`: tables (`table`), plots (`plot`), the figures (`figures`),
+//!   the seeds' table (`seeds`) and the report directory (`mod`).
 
 mod cli;
 mod compare;
@@ -27,6 +29,7 @@ mod peers;
 mod phase;
 mod record;
 mod report;
+mod results;
 mod runner;
 mod settings;
 mod workloads;

@@ -1,5 +1,7 @@
 //! `index.html`: the report as one self-contained page (no network: styles,
-//! the plots' SVG and a small self-check script are inline). It shows the host,
+//! the plots' SVG and a small self-check script are inline). It opens with the
+//! answer: the seeds' table (each patch series, its published headline, the
+//! ratio measured here, met or not) and a small plot per seed; then the host,
 //! the command line and the commit, the `figures:` block, and each workload's
 //! tables with their plots.
 //!
@@ -10,8 +12,10 @@
 
 use super::plot::{self, Kind};
 use super::table::{html_escape, Table};
+use super::seeds;
 use super::RunInfo;
 use crate::host::facts as host_facts;
+use crate::record::Record;
 use anyhow::Result;
 use std::fmt::Write as _;
 
@@ -20,7 +24,12 @@ color:#222;padding:0 1em}table{border-collapse:collapse;margin:.5em 0 1em}\
 th,td{border:1px solid #ccc;padding:2px 8px;text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
 th{background:#f3f3f3}section{overflow-x:auto}table.facts td,table.facts th{text-align:left}\
 pre{background:#f7f7f7;padding:.5em;overflow-x:auto}\
-.plot svg{max-width:100%;height:auto}#check{color:#888;font-size:small}";
+.plot svg{max-width:100%;height:auto}#check{color:#888;font-size:small}\
+table.seeds td,table.seeds th{text-align:left;white-space:normal;vertical-align:top}\
+table.seeds td:nth-child(4),table.seeds td:nth-child(5){text-align:right;white-space:nowrap}\
+td.met{background:#dff0d8;font-weight:bold}td.notmet{background:#f8d7da;font-weight:bold}\
+.seedplots{display:flex;flex-wrap:wrap;gap:8px}.seedplot svg{width:300px;height:auto}\
+p.note{font-size:small;color:#555}";
 
 const CHECK: &str = r#"(function () {
   var body = document.body;
@@ -55,7 +64,12 @@ pub struct Section<'a> {
 }
 
 /// The page.
-pub fn page(info: &RunInfo, figures: &[String], sections: &[Section]) -> Result<String> {
+pub fn page(
+    info: &RunInfo,
+    records: &[Record],
+    figures: &[String],
+    sections: &[Section],
+) -> Result<String> {
     let mut h = String::new();
     writeln!(
         h,
@@ -63,6 +77,16 @@ pub fn page(info: &RunInfo, figures: &[String], sections: &[Section]) -> Result<
          <title>mmlab report</title>\n<style>{STYLE}</style>\n</head>\n\
          <body data-check=\"pending\">\n<h1>mmlab report</h1>"
     )?;
+    writeln!(h, "<h2>Seeds</h2>")?;
+    writeln!(
+        h,
+        "<p class=\"note\">Each patch series the lab reproduces: its published \
+         headline, the same change measured in this run (after / before), and \
+         whether the measured ratio is at least the published change in the \
+         direction the metric improves. In the plots, grey is published, green \
+         met and red not met, on a log axis around 1.</p>"
+    )?;
+    h += &seeds::html(&seeds::rows(records))?;
     writeln!(h, "<h2>Run</h2>\n<table class=\"facts\">")?;
     let mut facts = host_facts::describe(info.host);
     facts.push(("command".into(), info.command.to_string()));

@@ -1,11 +1,13 @@
 //! The report: tables on stdout after each workload, and the report directory:
 //! `results.jsonl` (every record), `<workload>.md` (its tables, with its plots),
 //! `<workload>_<metric>.svg` (the plots), `README.md` (an index, the command line,
-//! the figures) and `index.html` (all of it on one self-contained page).
+//! the seeds, the figures) and `index.html` (all of it on one self-contained page,
+//! the seeds' table first).
 
 pub mod figures;
 pub mod html;
 pub mod plot;
+pub mod seeds;
 pub mod table;
 
 use crate::record::{write_jsonl, Record};
@@ -60,7 +62,9 @@ pub fn write_dir(
         std::thread::available_parallelism().map_or(0, |n| n.get())
     )?;
     writeln!(index, "All of it on one page: [index.html](index.html).\n")?;
-    writeln!(index, "## Figures\n")?;
+    writeln!(index, "## Seeds\n")?;
+    index += &seeds::markdown(&seeds::rows(records));
+    writeln!(index, "\n## Figures\n")?;
     let figure_lines = figures::figures(records);
     for f in &figure_lines {
         writeln!(index, "- {f}")?;
@@ -109,7 +113,7 @@ pub fn write_dir(
         });
     }
     let path = dir.join("index.html");
-    fs::write(&path, html::page(info, &figure_lines, &sections)?)
+    fs::write(&path, html::page(info, records, &figure_lines, &sections)?)
         .with_context(|| format!("writing {}", path.display()))?;
     let path = dir.join("README.md");
     fs::write(&path, index).with_context(|| format!("writing {}", path.display()))?;

@@ -1,0 +1,672 @@
+//! The seeds' table: for each patch series the lab reproduces, its published
+//! headline figures beside what mmkit measures for the same change, computed from
+//! a run's records (never hard-coded: only the published side is a constant,
+//! copied from the series' own cover letter or test report).
+//!
+//! A claim compares two variants of one workload point, `after / before`, the
+//! change the series made (or mmkit's own policy against the series' "before").
+//! It is *met* when the measured ratio is at least as large a change, in the
+//! direction the metric improves, as the published one: `>=` it where higher is
+//! better, `<=` where lower is. A claim whose records are missing is "not
+//! measured"; one whose two values are both zero shows no change and is not met.
+//!
+//! Rendered as Markdown (docs/results.md, the README's block), as HTML (the
+//! report's first screen) and as one small SVG plot per seed: a bar per claim
+//! for the published ratio and one for the measured, on a log axis around 1.
+
+use super::plot::color;
+use super::table::html_escape;
+use crate::record::{lookup, lookup_case, Record};
+use anyhow::{anyhow, Result};
+use plotters::prelude::*;
+use std::fmt::Write as _;
+
+/// One published figure and the point that measures it.
+pub struct Claim {
+    /// A short name for the plot's axis.
+    pub label: &'static str,
+    /// The published figure, with its numbers as the series gives them.
+    pub headline: &'static str,
+    /// The published ratio, after / before, in the terms of `metric`.
+    pub published: f64,
+    pub workload: &'static str,
+    pub case: Option<&'static str>,
+    pub threads: usize,
+    pub metric: &'static str,
+    pub higher_is_better: bool,
+    /// The variant with the change (numerator).
+    pub after: &'static str,
+    /// The variant without it (denominator).
+    pub before: &'static str,
+}
+
+/// One patch series.
+pub struct Seed {
+    pub id: &'static str,
+    pub title: &'static str,
+    /// Author, subject and list of the series.
+    pub source: &'static str,
+    /// The workload `mmlab run` takes to measure it.
+    pub command: &'static str,
+    pub claims: &'static [Claim],
+}
+
+const fn claim(
+    label: &'static str,
+    headline: &'static str,
+    published: f64,
+    point: (&'static str, Option<&'static str>, usize, &'static str),
+    higher_is_better: bool,
+    after: &'static str,
+    before: &'static str,
+) -> Claim {
+    Claim {
+        label,
+        headline,
+        published,
+        workload: point.0,
+        case: point.1,
+        threads: point.2,
+        metric: point.3,
+        higher_is_better,
+        after,
+        before,
+    }
+}
+
+/// The seeds, in the order the design lists them.
+pub const SEEDS: &[Seed] = &[
+    Seed {
+        id: "000",
+        title: "zone->lock contention: skip merge and cluster alloc",
+        source: "Aaron Lu, \"[RFC v4 PATCH 0/5] Eliminate zone->lock contention for \
+                 will-it-scale/page_fault1 and parallel free\", linux-mm, 2018",
+        command: "page_fault1 cross_cpu_free order0_thp_mix",
+        claims: &[
+            claim(
+                "zone lock",
+                "page_fault1: zone->lock contention on the free path 35% -> 1.1%",
+                1.1 / 35.0,
+                ("page_fault1", Some("per-thread"), 4, "zone_lock_contended_pct"),
+                false,
+                "mmkit",
+                "mmkit-eager",
+            ),
+            claim(
+                "alloc/free CPUs",
+                "netperf, CPUs that only allocate and CPUs that only free: 72.3 -> 94.2 Gbit/s",
+                94192.2 / 72254.6,
+                ("cross_cpu_free", None, 2, "ops_per_sec"),
+                true,
+                "mmkit",
+                "mmkit-eager",
+            ),
+            claim(
+                "order-0 score",
+                "order-0 and THP page_fault1 together: order-0 score 1522246 -> 2234073",
+                2234073.0 / 1522246.0,
+                ("order0_thp_mix", None, 4, "order0_score"),
+                true,
+                "mmkit",
+                "mmkit-eager",
+            ),
+            claim(
+                "THP score",
+                "the same run: THP score 10540254 -> 9610295",
+                9610295.0 / 10540254.0,
+                ("order0_thp_mix", None, 4, "thp_score"),
+                true,
+                "mmkit",
+                "mmkit-eager",
+            ),
+        ],
+    },
+    Seed {
+        id: "003",
+        title: "page allocator V3: PCP, lazy merging, fast and slow path",
+        source: "Mel Gorman, \"[PATCH 00/35] Cleanup and optimise the page allocator V3\", \
+                 linux-mm, 2009",
+        command: "alloc_free_orders",
+        claims: &[claim(
+            "alloc/free",
+            "kernbench: 16% less time overall (the whole build; mmkit times the allocator alone)",
+            1.0 / 0.84,
+            ("alloc_free_orders", None, 1, "ops_per_sec"),
+            true,
+            "mmkit",
+            "mmkit-eager",
+        )],
+    },
+    Seed {
+        id: "001",
+        title: "multi-page huge-page clearing",
+        source: "Ankur Arora, \"[PATCH 0/9] x86/clear_huge_page: multi-page clearing\", \
+                 linux-kernel, 2023",
+        command: "clear_huge",
+        claims: &[
+            claim(
+                "1 GiB",
+                "demand-faulting 1 GiB pages (Milan): 17.98 -> 37.24 GB/s",
+                37.24 / 17.98,
+                ("clear_huge", Some("1GiB"), 1, "gb_per_sec"),
+                true,
+                "mmkit-multi-page",
+                "mmkit-page-at-a-time",
+            ),
+            claim(
+                "2 MiB",
+                "demand-faulting 2 MiB pages (Milan): 12.24 -> 17.54 GB/s",
+                17.54 / 12.24,
+                ("clear_huge", Some("2MiB"), 1, "gb_per_sec"),
+                true,
+                "mmkit-multi-page",
+                "mmkit-page-at-a-time",
+            ),
+            claim(
+                "2 MiB, mmkit",
+                "the same 2 MiB figure, against mmkit's default clearing",
+                17.54 / 12.24,
+                ("clear_huge", Some("2MiB"), 1, "gb_per_sec"),
+                true,
+                "mmkit",
+                "mmkit-page-at-a-time",
+            ),
+        ],
+    },
+    Seed {
+        id: "002",
+        title: "swap-slot allocation: per-CPU cursors",
+        source: "Huang Ying, \"[PATCH -V2] swap: Reduce lock contention on swap cache from \
+                 swap slots allocation\", linux-mm, 2020",
+        command: "pmbench",
+        claims: &[
+            claim(
+                "score",
+                "pmbench, 16 processes, swap on RAM disks: score +18.5%",
+                1.185,
+                ("pmbench", None, 16, "accesses_per_sec"),
+                true,
+                "mmkit-swap-2020",
+                "mmkit-swap-2019",
+            ),
+            claim(
+                "swap-in",
+                "the same run: swap-in 2.96 -> 3.51 GB/s",
+                3.51 / 2.96,
+                ("pmbench", None, 16, "swapin_gb_per_sec"),
+                true,
+                "mmkit-swap-2020",
+                "mmkit-swap-2019",
+            ),
+            claim(
+                "score, mmkit",
+                "the same score, against mmkit's swap (per-CPU clusters, swap table)",
+                1.185,
+                ("pmbench", None, 16, "accesses_per_sec"),
+                true,
+                "mmkit",
+                "mmkit-swap-2019",
+            ),
+        ],
+    },
+    Seed {
+        id: "004",
+        title: "NUMA balancing: slow the scan on migration failure",
+        source: "Mel Gorman, \"[PATCH 4/4] mm: numa: Slow PTE scan rate if migration \
+                 failures occur\", linux-kernel, 2015",
+        command: "autonuma",
+        claims: &[
+            claim(
+                "system time",
+                "autonuma numa01: system time 602.44 -> 209.42 s",
+                209.42 / 602.44,
+                ("autonuma", Some("numa01-full"), 4, "system_ms"),
+                false,
+                "mmkit-numab-linux",
+                "mmkit-numab-4.0",
+            ),
+            claim(
+                "PTE updates",
+                "NUMA base PTE updates 242201535 -> 117237258",
+                117237258.0 / 242201535.0,
+                ("autonuma", Some("numa01-full"), 4, "pte_updates"),
+                false,
+                "mmkit-numab-linux",
+                "mmkit-numab-4.0",
+            ),
+            claim(
+                "system, mmkit",
+                "the same system time, against mmkit's scan policy",
+                209.42 / 602.44,
+                ("autonuma", Some("numa01-full"), 4, "system_ms"),
+                false,
+                "mmkit",
+                "mmkit-numab-4.0",
+            ),
+        ],
+    },
+];
+
+/// What a claim measured.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Measured {
+    /// Both values, and their ratio (infinite over a zero baseline).
+    Ratio { after: f64, before: f64, ratio: f64 },
+    /// Both values are zero: no change to compare.
+    BothZero,
+    /// A record is missing.
+    NotMeasured,
+}
+
+/// One claim evaluated against a run.
+pub struct Row {
+    pub seed: &'static Seed,
+    pub claim: &'static Claim,
+    pub measured: Measured,
+    /// The unit of the metric, from the records.
+    pub unit: String,
+}
+
+impl Row {
+    /// Whether the measured ratio reaches the published one; `None` when there
+    /// is nothing to compare.
+    pub fn met(&self) -> Option<bool> {
+        match self.measured {
+            Measured::Ratio { ratio, .. } => Some(if self.claim.higher_is_better {
+                ratio >= self.claim.published
+            } else {
+                ratio <= self.claim.published
+            }),
+            Measured::BothZero => Some(false),
+            Measured::NotMeasured => None,
+        }
+    }
+
+    /// "0.03x" (the measured ratio), "0 vs 0" or "not measured".
+    pub fn ratio_text(&self) -> String {
+        match self.measured {
+            Measured::Ratio { ratio, .. } => times(ratio),
+            Measured::BothZero => "0 vs 0".into(),
+            Measured::NotMeasured => "not measured".into(),
+        }
+    }
+
+    /// "met", "not met" or "-".
+    pub fn met_text(&self) -> &'static str {
+        match self.met() {
+            Some(true) => "met",
+            Some(false) => "not met",
+            None => "-",
+        }
+    }
+
+    /// What mmkit measures: "page_fault1 (per-thread) @ 4 threads:
+    /// mmkit / mmkit-eager zone_lock_contended_pct (0.00 vs 12.34 %)".
+    pub fn measures(&self) -> String {
+        let c = self.claim;
+        let case = c.case.map(|c| format!(" ({c})")).unwrap_or_default();
+        let t = if c.threads == 1 { "thread" } else { "threads" };
+        let values = match self.measured {
+            Measured::Ratio { after, before, .. } => {
+                format!(" ({} vs {} {})", num(after), num(before), self.unit)
+            }
+            Measured::BothZero => format!(" (0 vs 0 {})", self.unit),
+            Measured::NotMeasured => String::new(),
+        };
+        format!(
+            "{}{case} @ {} {t}: {} / {} {}{}",
+            c.workload, c.threads, c.after, c.before, c.metric, values
+        )
+        .replace(" )", ")")
+    }
+}
+
+/// `r` as "1.23x" (two significant decimals, more for small ratios).
+fn times(r: f64) -> String {
+    if r.is_infinite() {
+        "inf".into()
+    } else if r != 0.0 && r.abs() < 0.1 {
+        format!("{r:.3}x")
+    } else {
+        format!("{r:.2}x")
+    }
+}
+
+/// A value as the tables print it: no decimals from 1000 up, else two.
+fn num(v: f64) -> String {
+    if v.abs() >= 1000.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// Every claim of every seed, evaluated against `records`.
+pub fn rows(records: &[Record]) -> Vec<Row> {
+    let mut out = Vec::new();
+    for seed in SEEDS {
+        for claim in seed.claims {
+            let get = |v: &str| match claim.case {
+                Some(c) => lookup_case(records, claim.workload, v, claim.threads, claim.metric, c),
+                None => lookup(records, claim.workload, v, claim.threads, claim.metric),
+            };
+            let measured = match (get(claim.after), get(claim.before)) {
+                (Some(a), Some(b)) if a == 0.0 && b == 0.0 => Measured::BothZero,
+                (Some(after), Some(before)) => Measured::Ratio {
+                    after,
+                    before,
+                    ratio: if before == 0.0 {
+                        f64::INFINITY
+                    } else {
+                        after / before
+                    },
+                },
+                _ => Measured::NotMeasured,
+            };
+            let unit = records
+                .iter()
+                .find(|r| r.workload == claim.workload && r.metric == claim.metric)
+                .map_or_else(String::new, |r| r.unit.clone());
+            out.push(Row {
+                seed,
+                claim,
+                measured,
+                unit,
+            });
+        }
+    }
+    out
+}
+
+fn header() -> [&'static str; 7] {
+    [
+        "seed",
+        "published",
+        "mmkit measures",
+        "published ratio",
+        "mmkit ratio",
+        "met",
+        "command",
+    ]
+}
+
+/// The seed's cell: "000 zone->lock contention: ..." on its first claim only.
+fn seed_cell(rows: &[Row], i: usize) -> Option<&'static Seed> {
+    let first = i == 0 || rows[i - 1].seed.id != rows[i].seed.id;
+    first.then_some(rows[i].seed)
+}
+
+/// The table as Markdown (a pipe in a cell is escaped).
+pub fn markdown(rows: &[Row]) -> String {
+    let esc = |s: &str| s.replace('|', "\\|");
+    let mut s = format!("| {} |\n", header().join(" | "));
+    s += &format!("|{}\n", "---|".repeat(header().len()));
+    for (i, r) in rows.iter().enumerate() {
+        let seed = seed_cell(rows, i)
+            .map(|s| format!("{} {}", s.id, s.title))
+            .unwrap_or_default();
+        let cmd = seed_cell(rows, i)
+            .map(|s| format!("`mmlab run {}`", s.command))
+            .unwrap_or_default();
+        writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            esc(&seed),
+            esc(r.claim.headline),
+            esc(&r.measures()),
+            times(r.claim.published),
+            r.ratio_text(),
+            r.met_text(),
+            cmd
+        )
+        .expect("writing to a String");
+    }
+    s
+}
+
+/// The series each seed comes from, as a Markdown list.
+pub fn sources_markdown() -> String {
+    SEEDS
+        .iter()
+        .map(|s| format!("- {}: {}\n", s.id, s.source))
+        .collect()
+}
+
+/// The table as HTML, with a small plot per seed after it.
+pub fn html(rows: &[Row]) -> Result<String> {
+    let mut h = String::from("<table class=\"seeds\">\n<tr>");
+    for c in header() {
+        write!(h, "<th>{c}</th>")?;
+    }
+    h += "</tr>\n";
+    for (i, r) in rows.iter().enumerate() {
+        let seed = seed_cell(rows, i);
+        let class = match r.met() {
+            Some(true) => "met",
+            Some(false) => "notmet",
+            None => "none",
+        };
+        writeln!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td class=\"{class}\">{}</td><td>{}</td></tr>",
+            seed.map(|s| format!("<b>{}</b> {}", s.id, html_escape(s.title)))
+                .unwrap_or_default(),
+            html_escape(r.claim.headline),
+            html_escape(&r.measures()),
+            times(r.claim.published),
+            html_escape(&r.ratio_text()),
+            r.met_text(),
+            seed.map(|s| format!("<code>mmlab run {}</code>", s.command))
+                .unwrap_or_default(),
+        )?;
+    }
+    h += "</table>\n<div class=\"seedplots\">\n";
+    for seed in SEEDS {
+        let mine: Vec<&Row> = rows.iter().filter(|r| r.seed.id == seed.id).collect();
+        writeln!(
+            h,
+            "<div class=\"plot seedplot\" data-kind=\"bar\" data-name=\"seed {}\">\n{}\n</div>",
+            seed.id,
+            svg(seed, &mine)?
+        )?;
+    }
+    h += "</div>\n";
+    Ok(h)
+}
+
+/// A ratio as drawn on the log axis (a zero or infinite one at the axis' end).
+fn clamp(r: f64, lo: f64, hi: f64) -> f64 {
+    r.clamp(lo, hi)
+}
+
+/// One seed's plot: per claim, the published ratio (grey) and the measured one
+/// (green where met, red where not), bars from 1 on a log axis.
+pub fn svg(seed: &Seed, rows: &[&Row]) -> Result<String> {
+    let err = |e: &dyn std::fmt::Debug| anyhow!("plotting seed {}: {e:?}", seed.id);
+    let n = rows.len().max(1);
+    let mut lo: f64 = 0.5;
+    let mut hi: f64 = 2.0;
+    for r in rows {
+        let mut see = |v: f64| {
+            if v.is_finite() && v > 0.0 {
+                lo = lo.min(v / 1.5);
+                hi = hi.max(v * 1.5);
+            }
+        };
+        see(r.claim.published);
+        if let Measured::Ratio { ratio, .. } = r.measured {
+            see(ratio);
+        }
+    }
+    let mut out = String::new();
+    {
+        let height = 70 + 56 * n as u32;
+        let root = SVGBackend::with_string(&mut out, (420, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let labels: Vec<&str> = rows.iter().map(|r| r.claim.label).collect();
+        let label = move |y: &f64| {
+            let i = n as f64 - y - 0.5;
+            if (i - i.round()).abs() > 0.01 || i < -0.01 {
+                return String::new();
+            }
+            labels
+                .get(i.round() as usize)
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        };
+        let mut chart = ChartBuilder::on(&root)
+            .caption(format!("seed {}: after / before", seed.id), ("sans-serif", 15))
+            .margin(10)
+            .x_label_area_size(28)
+            .y_label_area_size(100)
+            .build_cartesian_2d((lo..hi).log_scale(), 0f64..n as f64)
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .y_labels(2 * n + 1)
+            .x_labels(6)
+            .x_label_formatter(&|x| times(*x))
+            .y_label_formatter(&label)
+            .draw()
+            .map_err(|e| err(&e))?;
+        let grey = RGBColor(170, 170, 170);
+        let (green, red) = (color(2), color(3));
+        for (i, r) in rows.iter().enumerate() {
+            let y = n as f64 - i as f64 - 0.5;
+            let p = clamp(r.claim.published, lo, hi);
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(1.0, y + 0.04), (p, y + 0.36)],
+                    grey.filled(),
+                )))
+                .map_err(|e| err(&e))?;
+            if let Measured::Ratio { ratio, .. } = r.measured {
+                let c = if r.met() == Some(true) { green } else { red };
+                let m = clamp(ratio, lo, hi);
+                chart
+                    .draw_series(std::iter::once(Rectangle::new(
+                        [(1.0, y - 0.36), (m, y - 0.04)],
+                        c.filled(),
+                    )))
+                    .map_err(|e| err(&e))?;
+            }
+        }
+        chart
+            .draw_series(std::iter::once(PathElement::new(
+                vec![(1.0, 0.0), (1.0, n as f64)],
+                BLACK.stroke_width(1),
+            )))
+            .map_err(|e| err(&e))?;
+        root.present().map_err(|e| err(&e))?;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(
+        workload: &str,
+        case: Option<&str>,
+        variant: &str,
+        threads: usize,
+        metric: &str,
+        value: f64,
+    ) -> Record {
+        Record {
+            workload: workload.into(),
+            variant: variant.into(),
+            threads,
+            metric: metric.into(),
+            value,
+            unit: "u".into(),
+            case: case.map(Into::into),
+            params: None,
+            rounds: None,
+        }
+    }
+
+    #[test]
+    fn claims_come_from_records_and_compare_with_the_published_ratio() {
+        let recs = vec![
+            rec("cross_cpu_free", None, "mmkit", 2, "ops_per_sec", 200.0),
+            rec("cross_cpu_free", None, "mmkit-eager", 2, "ops_per_sec", 100.0),
+            rec("page_fault1", Some("per-thread"), "mmkit", 4, "zone_lock_contended_pct", 0.0),
+            rec(
+                "page_fault1",
+                Some("per-thread"),
+                "mmkit-eager",
+                4,
+                "zone_lock_contended_pct",
+                0.0,
+            ),
+            rec("clear_huge", Some("1GiB"), "mmkit-multi-page", 1, "gb_per_sec", 20.0),
+            rec("clear_huge", Some("1GiB"), "mmkit-page-at-a-time", 1, "gb_per_sec", 10.0),
+            rec("autonuma", Some("numa01-full"), "mmkit-numab-linux", 4, "system_ms", 30.0),
+            rec("autonuma", Some("numa01-full"), "mmkit-numab-4.0", 4, "system_ms", 60.0),
+        ];
+        let rows = rows(&recs);
+        assert_eq!(rows.len(), SEEDS.iter().map(|s| s.claims.len()).sum::<usize>());
+        let find = |label: &str| rows.iter().find(|r| r.claim.label == label).unwrap();
+        // 2x against a published 1.30x, higher is better: met.
+        let r = find("alloc/free CPUs");
+        assert_eq!(r.ratio_text(), "2.00x");
+        assert_eq!(r.met(), Some(true));
+        assert_eq!(
+            r.measures(),
+            "cross_cpu_free @ 2 threads: mmkit / mmkit-eager ops_per_sec (200.00 vs 100.00 u)"
+        );
+        // No contention either way: no change shown, not met.
+        let r = find("zone lock");
+        assert_eq!(r.measured, Measured::BothZero);
+        assert_eq!(r.met_text(), "not met");
+        // 2.00x against a published 2.07x: not met.
+        let r = find("1 GiB");
+        assert_eq!(r.met(), Some(false));
+        // 0.50x against a published 0.35x, lower is better: not met.
+        let r = find("system time");
+        assert_eq!(r.ratio_text(), "0.50x");
+        assert_eq!(r.met(), Some(false));
+        assert_eq!(find("score").ratio_text(), "not measured");
+        assert_eq!(find("score").met_text(), "-");
+        let md = markdown(&rows);
+        assert_eq!(md.lines().count(), rows.len() + 2);
+        assert!(md.contains("| 000 zone->lock contention"));
+        let html = html(&rows).unwrap();
+        assert_eq!(html.matches("class=\"plot seedplot\"").count(), SEEDS.len());
+        assert!(html.contains("<td class=\"met\">met</td>"));
+    }
+
+    #[test]
+    fn a_zero_baseline_is_infinite_and_a_zero_ratio_is_drawn() {
+        let recs = vec![
+            rec("page_fault1", Some("per-thread"), "mmkit", 4, "zone_lock_contended_pct", 0.0),
+            rec(
+                "page_fault1",
+                Some("per-thread"),
+                "mmkit-eager",
+                4,
+                "zone_lock_contended_pct",
+                12.0,
+            ),
+            rec("cross_cpu_free", None, "mmkit", 2, "ops_per_sec", 5.0),
+            rec("cross_cpu_free", None, "mmkit-eager", 2, "ops_per_sec", 0.0),
+        ];
+        let rows = rows(&recs);
+        let zl = rows.iter().find(|r| r.claim.label == "zone lock").unwrap();
+        assert_eq!(zl.ratio_text(), "0.00x");
+        assert_eq!(zl.met(), Some(true));
+        let cc = rows.iter().find(|r| r.claim.label == "alloc/free CPUs").unwrap();
+        assert_eq!(cc.ratio_text(), "inf");
+        assert_eq!(cc.met(), Some(true));
+        let mine: Vec<&Row> = rows.iter().filter(|r| r.seed.id == "000").collect();
+        let svg = svg(&SEEDS[0], &mine).unwrap();
+        assert!(svg.starts_with("<svg"));
+        // Background, then per claim a published bar, and a measured one where
+        // both values were found (two of the four claims).
+        assert!(svg.matches("<rect").count() >= 1 + 4 + 2, "{svg}");
+    }
+}
