@@ -6,7 +6,8 @@
 //! tables with their plots.
 //!
 //! The self-check (for `.ci/check-report.sh`): when the page has loaded, a script
-//! sets `data-check` on `<body>` to `ok N plots` if every plot is drawn (an inline
+//! sets `data-check` on `<body>` to `ok N plots` if every plot (`.plot`: the
+//! seeds' and the tables') is drawn (an inline
 //! `<svg>` with a size and its data marks: points for a line chart, bars for a bar
 //! chart), else to `empty plots: ...`; a script error sets `error: ...`.
 
@@ -28,7 +29,8 @@ pre{background:#f7f7f7;padding:.5em;overflow-x:auto}\
 table.seeds td,table.seeds th{text-align:left;white-space:normal;vertical-align:top}\
 table.seeds td:nth-child(4),table.seeds td:nth-child(5){text-align:right;white-space:nowrap}\
 td.met{background:#dff0d8;font-weight:bold}td.notmet{background:#f8d7da;font-weight:bold}\
-.seedplots{display:flex;flex-wrap:wrap;gap:8px}.seedplot svg{width:300px;height:auto}\
+table.seeds tr.first td{border-top:2px solid #888}td.seedplot{padding:0;vertical-align:middle}\
+td.seedplot svg{width:260px;height:auto;display:block}\
 p.note{font-size:small;color:#555}";
 
 const CHECK: &str = r#"(function () {
@@ -36,7 +38,7 @@ const CHECK: &str = r#"(function () {
   window.addEventListener('error', function (e) {
     body.setAttribute('data-check', 'error: ' + e.message);
   });
-  var plots = document.querySelectorAll('div.plot');
+  var plots = document.querySelectorAll('.plot');
   var bad = [];
   for (var i = 0; i < plots.length; i++) {
     var p = plots[i];

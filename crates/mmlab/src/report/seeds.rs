@@ -87,7 +87,7 @@ pub const SEEDS: &[Seed] = &[
                 "zone lock",
                 "page_fault1: zone->lock contention on the free path 35% -> 1.1%",
                 1.1 / 35.0,
-                ("page_fault1", Some("per-thread"), 4, "zone_lock_contended_pct"),
+                ("page_fault1", Some("per-thread"), 2, "zone_lock_contended_pct"),
                 false,
                 "mmkit",
                 "mmkit-eager",
@@ -432,46 +432,47 @@ pub fn sources_markdown() -> String {
         .collect()
 }
 
-/// The table as HTML, with a small plot per seed after it.
+/// The table as HTML: a row per claim, the seed's cell (its title and command)
+/// and its small plot spanning the seed's rows.
 pub fn html(rows: &[Row]) -> Result<String> {
     let mut h = String::from("<table class=\"seeds\">\n<tr>");
-    for c in header() {
+    for c in ["seed", "published", "mmkit measures", "published ratio", "mmkit ratio", "met", "plot"] {
         write!(h, "<th>{c}</th>")?;
     }
     h += "</tr>\n";
     for (i, r) in rows.iter().enumerate() {
-        let seed = seed_cell(rows, i);
         let class = match r.met() {
             Some(true) => "met",
             Some(false) => "notmet",
             None => "none",
         };
-        writeln!(
-            h,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
-             <td class=\"{class}\">{}</td><td>{}</td></tr>",
-            seed.map(|s| format!("<b>{}</b> {}", s.id, html_escape(s.title)))
-                .unwrap_or_default(),
+        let claim = format!(
+            "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"{class}\">{}</td>",
             html_escape(r.claim.headline),
             html_escape(&r.measures()),
             times(r.claim.published),
             html_escape(&r.ratio_text()),
             r.met_text(),
-            seed.map(|s| format!("<code>mmlab run {}</code>", s.command))
-                .unwrap_or_default(),
-        )?;
-    }
-    h += "</table>\n<div class=\"seedplots\">\n";
-    for seed in SEEDS {
+        );
+        let Some(seed) = seed_cell(rows, i) else {
+            writeln!(h, "<tr>{claim}</tr>")?;
+            continue;
+        };
         let mine: Vec<&Row> = rows.iter().filter(|r| r.seed.id == seed.id).collect();
         writeln!(
             h,
-            "<div class=\"plot seedplot\" data-kind=\"bar\" data-name=\"seed {}\">\n{}\n</div>",
+            "<tr class=\"first\"><td rowspan=\"{n}\"><b>{}</b> {}<br><code>mmlab run {}</code></td>\
+             {claim}<td rowspan=\"{n}\" class=\"plot seedplot\" data-kind=\"bar\" \
+             data-name=\"seed {}\">{}</td></tr>",
             seed.id,
-            svg(seed, &mine)?
+            html_escape(seed.title),
+            seed.command,
+            seed.id,
+            svg(seed, &mine)?,
+            n = mine.len()
         )?;
     }
-    h += "</div>\n";
+    h += "</table>\n";
     Ok(h)
 }
 
@@ -594,12 +595,12 @@ mod tests {
         let recs = vec![
             rec("cross_cpu_free", None, "mmkit", 2, "ops_per_sec", 200.0),
             rec("cross_cpu_free", None, "mmkit-eager", 2, "ops_per_sec", 100.0),
-            rec("page_fault1", Some("per-thread"), "mmkit", 4, "zone_lock_contended_pct", 0.0),
+            rec("page_fault1", Some("per-thread"), "mmkit", 2, "zone_lock_contended_pct", 0.0),
             rec(
                 "page_fault1",
                 Some("per-thread"),
                 "mmkit-eager",
-                4,
+                2,
                 "zone_lock_contended_pct",
                 0.0,
             ),
@@ -637,18 +638,19 @@ mod tests {
         assert!(md.contains("| 000 zone->lock contention"));
         let html = html(&rows).unwrap();
         assert_eq!(html.matches("class=\"plot seedplot\"").count(), SEEDS.len());
+        assert_eq!(html.matches("<tr").count(), rows.len() + 1);
         assert!(html.contains("<td class=\"met\">met</td>"));
     }
 
     #[test]
     fn a_zero_baseline_is_infinite_and_a_zero_ratio_is_drawn() {
         let recs = vec![
-            rec("page_fault1", Some("per-thread"), "mmkit", 4, "zone_lock_contended_pct", 0.0),
+            rec("page_fault1", Some("per-thread"), "mmkit", 2, "zone_lock_contended_pct", 0.0),
             rec(
                 "page_fault1",
                 Some("per-thread"),
                 "mmkit-eager",
-                4,
+                2,
                 "zone_lock_contended_pct",
                 12.0,
             ),
