@@ -101,7 +101,7 @@ pub enum CompactResult {
 /// value is a higher priority, as in Linux.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum CompactPriority {
-    /// The last resort for orders up to [`PAGE_ALLOC_COSTLY_ORDER`]: from the
+    /// The last resort for orders up to `PAGE_ALLOC_COSTLY_ORDER` (3): from the
     /// zone's ends, not skipped by deferral (Linux's `MIN_COMPACT_PRIORITY`).
     SyncFull = 0,
     /// From the cached scanner positions, skipped while deferred (Linux's

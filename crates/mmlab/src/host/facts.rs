@@ -18,7 +18,7 @@ fn field(text: &str, key: &str) -> Option<String> {
     })
 }
 
-/// The bracketed choice of a sysfs mode file: "always [madvise] never" -> "madvise".
+/// The bracketed choice of a sysfs mode file: `"always [madvise] never"` -> `"madvise"`.
 pub fn bracketed(text: &str) -> Option<String> {
     let start = text.find('[')? + 1;
     let end = start + text[start..].find(']')?;
