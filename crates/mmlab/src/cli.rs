@@ -521,13 +521,22 @@ mod tests {
                 .iter()
                 .filter(|(h, _)| h[0] == first && h.get(1).map(String::as_str) == Some(second))
                 .collect();
-            assert_eq!(found.len(), 1, "docs/lab.md: one table | {first} | {second} |");
+            assert_eq!(
+                found.len(),
+                1,
+                "docs/lab.md: one table | {first} | {second} |"
+            );
             found[0].1.clone()
         };
         let names = |rows: &[Vec<String>]| sorted(rows.iter().map(|r| r[0].clone()).collect());
 
         let workloads = table("name", "what each thread does");
-        let want = sorted(workloads::all().iter().map(|w| w.name().to_string()).collect());
+        let want = sorted(
+            workloads::all()
+                .iter()
+                .map(|w| w.name().to_string())
+                .collect(),
+        );
         assert_eq!(names(&workloads), want, "docs/lab.md's workloads");
 
         let variants = table("name", "what it is");
@@ -535,7 +544,12 @@ mod tests {
         assert_eq!(names(&variants), want, "docs/lab.md's allocator variants");
 
         let metrics = table("name", "unit");
-        let want = sorted(workloads::all_metrics().iter().map(|m| m.name.to_string()).collect());
+        let want = sorted(
+            workloads::all_metrics()
+                .iter()
+                .map(|m| m.name.to_string())
+                .collect(),
+        );
         assert_eq!(names(&metrics), want, "docs/lab.md's metrics");
         for m in workloads::all_metrics() {
             let row = metrics.iter().find(|r| r[0] == m.name).unwrap();
@@ -563,7 +577,11 @@ mod tests {
         for (h, rows) in &tables {
             if h[0] == "variant" {
                 for r in rows {
-                    assert!(all.contains(&r[0].as_str()), "docs/lab.md: {} is no variant", r[0]);
+                    assert!(
+                        all.contains(&r[0].as_str()),
+                        "docs/lab.md: {} is no variant",
+                        r[0]
+                    );
                 }
             }
         }

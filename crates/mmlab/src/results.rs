@@ -194,7 +194,9 @@ pub fn replace_block(text: &str, block: &str) -> Result<String> {
 #[cfg(test)]
 pub fn extract_block(text: &str) -> Result<&str> {
     let (start, end) = block_span(text)?;
-    Ok(text[start..end].strip_prefix('\n').unwrap_or(&text[start..end]))
+    Ok(text[start..end]
+        .strip_prefix('\n')
+        .unwrap_or(&text[start..end]))
 }
 
 /// The byte range between the end of `BEGIN` and the start of `END`.

@@ -12,8 +12,8 @@
 //! chart), else to `empty plots: ...`; a script error sets `error: ...`.
 
 use super::plot::{self, Kind};
-use super::table::{html_escape, Table};
 use super::seeds;
+use super::table::{html_escape, Table};
 use super::RunInfo;
 use crate::host::facts as host_facts;
 use crate::record::Record;

@@ -87,7 +87,12 @@ pub const SEEDS: &[Seed] = &[
                 "zone lock",
                 "page_fault1: zone->lock contention on the free path 35% -> 1.1%",
                 1.1 / 35.0,
-                ("page_fault1", Some("per-thread"), 2, "zone_lock_contended_pct"),
+                (
+                    "page_fault1",
+                    Some("per-thread"),
+                    2,
+                    "zone_lock_contended_pct",
+                ),
                 false,
                 "mmkit",
                 "mmkit-eager",
@@ -436,7 +441,15 @@ pub fn sources_markdown() -> String {
 /// and its small plot spanning the seed's rows.
 pub fn html(rows: &[Row]) -> Result<String> {
     let mut h = String::from("<table class=\"seeds\">\n<tr>");
-    for c in ["seed", "published", "mmkit measures", "published ratio", "mmkit ratio", "met", "plot"] {
+    for c in [
+        "seed",
+        "published",
+        "mmkit measures",
+        "published ratio",
+        "mmkit ratio",
+        "met",
+        "plot",
+    ] {
         write!(h, "<th>{c}</th>")?;
     }
     h += "</tr>\n";
@@ -517,7 +530,10 @@ pub fn svg(seed: &Seed, rows: &[&Row]) -> Result<String> {
                 .unwrap_or_default()
         };
         let mut chart = ChartBuilder::on(&root)
-            .caption(format!("seed {}: after / before", seed.id), ("sans-serif", 15))
+            .caption(
+                format!("seed {}: after / before", seed.id),
+                ("sans-serif", 15),
+            )
             .margin(10)
             .x_label_area_size(28)
             .y_label_area_size(100)
@@ -594,8 +610,22 @@ mod tests {
     fn claims_come_from_records_and_compare_with_the_published_ratio() {
         let recs = vec![
             rec("cross_cpu_free", None, "mmkit", 2, "ops_per_sec", 200.0),
-            rec("cross_cpu_free", None, "mmkit-eager", 2, "ops_per_sec", 100.0),
-            rec("page_fault1", Some("per-thread"), "mmkit", 2, "zone_lock_contended_pct", 0.0),
+            rec(
+                "cross_cpu_free",
+                None,
+                "mmkit-eager",
+                2,
+                "ops_per_sec",
+                100.0,
+            ),
+            rec(
+                "page_fault1",
+                Some("per-thread"),
+                "mmkit",
+                2,
+                "zone_lock_contended_pct",
+                0.0,
+            ),
             rec(
                 "page_fault1",
                 Some("per-thread"),
@@ -604,13 +634,44 @@ mod tests {
                 "zone_lock_contended_pct",
                 0.0,
             ),
-            rec("clear_huge", Some("1GiB"), "mmkit-multi-page", 1, "gb_per_sec", 20.0),
-            rec("clear_huge", Some("1GiB"), "mmkit-page-at-a-time", 1, "gb_per_sec", 10.0),
-            rec("autonuma", Some("numa01-full"), "mmkit-numab-linux", 4, "system_ms", 30.0),
-            rec("autonuma", Some("numa01-full"), "mmkit-numab-4.0", 4, "system_ms", 60.0),
+            rec(
+                "clear_huge",
+                Some("1GiB"),
+                "mmkit-multi-page",
+                1,
+                "gb_per_sec",
+                20.0,
+            ),
+            rec(
+                "clear_huge",
+                Some("1GiB"),
+                "mmkit-page-at-a-time",
+                1,
+                "gb_per_sec",
+                10.0,
+            ),
+            rec(
+                "autonuma",
+                Some("numa01-full"),
+                "mmkit-numab-linux",
+                4,
+                "system_ms",
+                30.0,
+            ),
+            rec(
+                "autonuma",
+                Some("numa01-full"),
+                "mmkit-numab-4.0",
+                4,
+                "system_ms",
+                60.0,
+            ),
         ];
         let rows = rows(&recs);
-        assert_eq!(rows.len(), SEEDS.iter().map(|s| s.claims.len()).sum::<usize>());
+        assert_eq!(
+            rows.len(),
+            SEEDS.iter().map(|s| s.claims.len()).sum::<usize>()
+        );
         let find = |label: &str| rows.iter().find(|r| r.claim.label == label).unwrap();
         // 2x against a published 1.30x, higher is better: met.
         let r = find("alloc/free CPUs");
@@ -645,7 +706,14 @@ mod tests {
     #[test]
     fn a_zero_baseline_is_infinite_and_a_zero_ratio_is_drawn() {
         let recs = vec![
-            rec("page_fault1", Some("per-thread"), "mmkit", 2, "zone_lock_contended_pct", 0.0),
+            rec(
+                "page_fault1",
+                Some("per-thread"),
+                "mmkit",
+                2,
+                "zone_lock_contended_pct",
+                0.0,
+            ),
             rec(
                 "page_fault1",
                 Some("per-thread"),
@@ -661,7 +729,10 @@ mod tests {
         let zl = rows.iter().find(|r| r.claim.label == "zone lock").unwrap();
         assert_eq!(zl.ratio_text(), "0.00x");
         assert_eq!(zl.met(), Some(true));
-        let cc = rows.iter().find(|r| r.claim.label == "alloc/free CPUs").unwrap();
+        let cc = rows
+            .iter()
+            .find(|r| r.claim.label == "alloc/free CPUs")
+            .unwrap();
         assert_eq!(cc.ratio_text(), "inf");
         assert_eq!(cc.met(), Some(true));
         let mine: Vec<&Row> = rows.iter().filter(|r| r.seed.id == "000").collect();
