@@ -297,7 +297,7 @@ mod tests {
         assert!(md.contains("| memory | 1024 MiB |"));
         assert!(md.contains("| records | 3 |"));
         assert!(md.contains("cross_cpu_free @ 2 threads: mmkit / mmkit-eager ops_per_sec = 3.00x"));
-        assert!(md.contains("| 2 | 300 | 100 (-66.7%) |"), "{md}");
+        assert!(md.contains("| 2 | 300.0 | 100.0 (-66.7%) |"), "{md}");
         assert!(md.contains("| 3.00x | met |"));
         assert!(md.contains("left out: no_such_workload."));
         // The same records, the same page.

@@ -27,10 +27,10 @@ th{background:#f3f3f3}section{overflow-x:auto}table.facts td,table.facts th{text
 pre{background:#f7f7f7;padding:.5em;overflow-x:auto}\
 .plot svg{max-width:100%;height:auto}#check{color:#888;font-size:small}\
 table.seeds td,table.seeds th{text-align:left;white-space:normal;vertical-align:top}\
-table.seeds td:nth-child(4),table.seeds td:nth-child(5){text-align:right;white-space:nowrap}\
+table.seeds td.num{text-align:right;white-space:nowrap}\
 td.met{background:#dff0d8;font-weight:bold}td.notmet{background:#f8d7da;font-weight:bold}\
-table.seeds tr.first td{border-top:2px solid #888}td.seedplot{padding:0;vertical-align:middle}\
-td.seedplot svg{width:260px;height:auto;display:block}\
+table.seeds tr.first td{border-top:2px solid #888}td.seedplot{padding:0;vertical-align:middle;min-width:320px}\
+td.seedplot svg{width:320px;max-width:none;height:auto;display:block}\
 p.note{font-size:small;color:#555}";
 
 const CHECK: &str = r#"(function () {
