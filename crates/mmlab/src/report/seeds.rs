@@ -538,6 +538,7 @@ pub fn svg(seed: &Seed, rows: &[&Row]) -> Result<String> {
         chart
             .configure_mesh()
             .disable_y_mesh()
+            .label_style(("sans-serif", 12))
             .y_labels(2 * n + 1)
             .x_labels(6)
             .x_label_formatter(&|x| times(*x))
