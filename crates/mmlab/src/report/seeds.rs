@@ -249,7 +249,7 @@ pub const SEEDS: &[Seed] = &[
 
 /// What a claim measured.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Measured {
+pub enum Outcome {
     /// Both values, and their ratio (infinite over a zero baseline).
     Ratio { after: f64, before: f64, ratio: f64 },
     /// Both values are zero: no change to compare.
@@ -262,7 +262,7 @@ pub enum Measured {
 pub struct Row {
     pub seed: &'static Seed,
     pub claim: &'static Claim,
-    pub measured: Measured,
+    pub measured: Outcome,
     /// The unit of the metric, from the records.
     pub unit: String,
 }
@@ -272,22 +272,22 @@ impl Row {
     /// is nothing to compare.
     pub fn met(&self) -> Option<bool> {
         match self.measured {
-            Measured::Ratio { ratio, .. } => Some(if self.claim.higher_is_better {
+            Outcome::Ratio { ratio, .. } => Some(if self.claim.higher_is_better {
                 ratio >= self.claim.published
             } else {
                 ratio <= self.claim.published
             }),
-            Measured::BothZero => Some(false),
-            Measured::NotMeasured => None,
+            Outcome::BothZero => Some(false),
+            Outcome::NotMeasured => None,
         }
     }
 
     /// "0.03x" (the measured ratio), "0 vs 0" or "not measured".
     pub fn ratio_text(&self) -> String {
         match self.measured {
-            Measured::Ratio { ratio, .. } => times(ratio),
-            Measured::BothZero => "0 vs 0".into(),
-            Measured::NotMeasured => "not measured".into(),
+            Outcome::Ratio { ratio, .. } => times(ratio),
+            Outcome::BothZero => "0 vs 0".into(),
+            Outcome::NotMeasured => "not measured".into(),
         }
     }
 
@@ -307,11 +307,11 @@ impl Row {
         let case = c.case.map(|c| format!(" ({c})")).unwrap_or_default();
         let t = if c.threads == 1 { "thread" } else { "threads" };
         let values = match self.measured {
-            Measured::Ratio { after, before, .. } => {
+            Outcome::Ratio { after, before, .. } => {
                 format!(" ({} vs {} {})", num(after), num(before), self.unit)
             }
-            Measured::BothZero => format!(" (0 vs 0 {})", self.unit),
-            Measured::NotMeasured => String::new(),
+            Outcome::BothZero => format!(" (0 vs 0 {})", self.unit),
+            Outcome::NotMeasured => String::new(),
         };
         format!(
             "{}{case} @ {} {t}: {} / {} {}{}",
@@ -351,8 +351,8 @@ pub fn rows(records: &[Record]) -> Vec<Row> {
                 None => lookup(records, claim.workload, v, claim.threads, claim.metric),
             };
             let measured = match (get(claim.after), get(claim.before)) {
-                (Some(a), Some(b)) if a == 0.0 && b == 0.0 => Measured::BothZero,
-                (Some(after), Some(before)) => Measured::Ratio {
+                (Some(a), Some(b)) if a == 0.0 && b == 0.0 => Outcome::BothZero,
+                (Some(after), Some(before)) => Outcome::Ratio {
                     after,
                     before,
                     ratio: if before == 0.0 {
@@ -361,7 +361,7 @@ pub fn rows(records: &[Record]) -> Vec<Row> {
                         after / before
                     },
                 },
-                _ => Measured::NotMeasured,
+                _ => Outcome::NotMeasured,
             };
             let unit = records
                 .iter()
@@ -505,7 +505,7 @@ pub fn svg(seed: &Seed, rows: &[&Row]) -> Result<String> {
             }
         };
         see(r.claim.published);
-        if let Measured::Ratio { ratio, .. } = r.measured {
+        if let Outcome::Ratio { ratio, .. } = r.measured {
             see(ratio);
         }
     }
@@ -556,7 +556,7 @@ pub fn svg(seed: &Seed, rows: &[&Row]) -> Result<String> {
                     grey.filled(),
                 )))
                 .map_err(|e| err(&e))?;
-            if let Measured::Ratio { ratio, .. } = r.measured {
+            if let Outcome::Ratio { ratio, .. } = r.measured {
                 let c = if r.met() == Some(true) { green } else { red };
                 let m = clamp(ratio, lo, hi);
                 chart
@@ -680,7 +680,7 @@ mod tests {
         );
         // No contention either way: no change shown, not met.
         let r = find("zone lock");
-        assert_eq!(r.measured, Measured::BothZero);
+        assert_eq!(r.measured, Outcome::BothZero);
         assert_eq!(r.met_text(), "not met");
         // 2.00x against a published 2.07x: not met.
         let r = find("1 GiB");
