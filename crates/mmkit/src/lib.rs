@@ -34,6 +34,7 @@ mod kthread;
 mod lru;
 mod mempolicy;
 mod migrate;
+mod nbd;
 mod numa;
 mod numa_balancing;
 mod page_io;
@@ -73,6 +74,7 @@ pub use numa_balancing::{
     should_numa_migrate_memory, Cpupid, GroupFaults, MigrateFail, MigrateQuery, NumabStats,
     ScanDecision, ScanParams, ScanPeriod, ScanPolicy, ScanTrigger, ScanWindow,
 };
+pub use nbd::{NbdBackend, NbdStats};
 pub use page_io::SwapBackend;
 pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
 pub use platform::StdPlatform;
