@@ -69,12 +69,12 @@ pub use mmkit_core::{
     PAGEBLOCK_ORDER, PAGE_SIZE,
 };
 pub use mmkit_core::{NodeReq, NumaStats};
+pub use nbd::{NbdBackend, NbdStats};
 pub use numa::NodeAccesses;
 pub use numa_balancing::{
     should_numa_migrate_memory, Cpupid, GroupFaults, MigrateFail, MigrateQuery, NumabStats,
     ScanDecision, ScanParams, ScanPeriod, ScanPolicy, ScanTrigger, ScanWindow,
 };
-pub use nbd::{NbdBackend, NbdStats};
 pub use page_io::SwapBackend;
 pub use pgtable::{Pte, SwapEntry, PMD_SIZE, TASK_SIZE};
 pub use platform::StdPlatform;

@@ -44,10 +44,10 @@ use mmkit_core::{LockStats, PAGE_SIZE};
 
 use crate::error::setup_err;
 pub(crate) use crate::error::SwapError;
+use crate::nbd::{NbdBackend, NbdOptions};
 use crate::page_io::{
     Backend, DirectIo, FileDevice, IoEngine, RamDevice, SwapBackend, SwapIo, SwapIoStats,
 };
-use crate::nbd::{NbdBackend, NbdOptions};
 use crate::pgtable::SwapEntry;
 use crate::swap_cluster::{SwapAllocPolicy, SwapMap, SWAPFILE_CLUSTER};
 pub(crate) use crate::swap_device::{DeviceRef, SwapPins, SwapTotals};
@@ -580,7 +580,11 @@ impl SwapDevices {
     /// Runs `f` on the device behind `id`, if it is on.
     pub(crate) fn with_backend<R>(&self, id: SwapId, f: impl FnOnce(&Backend) -> R) -> Option<R> {
         let t = self.table.read().unwrap();
-        let si = t.by_type.get(id.ty as usize)?.as_ref().filter(|si| si.id == id)?;
+        let si = t
+            .by_type
+            .get(id.ty as usize)?
+            .as_ref()
+            .filter(|si| si.id == id)?;
         Some(f(si.io.backend()))
     }
 

@@ -167,7 +167,13 @@ fn nbdkit_memory_content_4x_arena_and_swapoff() {
     let dir = tempfile::tempdir().unwrap();
     let srv = Server::nbdkit(dir.path(), "mem", &["memory", "128M"]);
     let mm = mm(16 * MIB);
-    round_trip(&mm, SwapDevice::nbd(srv.uri(""), 96 << 20), 96 << 20, 8, 1500);
+    round_trip(
+        &mm,
+        SwapDevice::nbd(srv.uri(""), 96 << 20),
+        96 << 20,
+        8,
+        1500,
+    );
     mm.check().unwrap();
 }
 
@@ -191,7 +197,11 @@ fn nbdkit_trims_freed_slots() {
     assert_eq!(used_swap(&mm), 0);
     let t0 = std::time::Instant::now();
     while mm.nbd_stats(id).unwrap().trimmed < 600 {
-        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", mm.nbd_stats(id));
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            mm.nbd_stats(id)
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(mm.nbd_stats(id).unwrap().trimmed, 600);
@@ -234,7 +244,9 @@ fn swapon_refusals_change_nothing() {
     let e = mm.swapon(SwapDevice::nbd(ro.uri(""), 8 << 20)).unwrap_err();
     assert!(e.to_string().contains("read-only"), "{e}");
     let small = Server::nbdkit(dir.path(), "small", &["memory", "8M"]);
-    let e = mm.swapon(SwapDevice::nbd(small.uri(""), 8 << 20)).unwrap_err();
+    let e = mm
+        .swapon(SwapDevice::nbd(small.uri(""), 8 << 20))
+        .unwrap_err();
     assert!(e.to_string().contains("smaller"), "{e}");
     let big = Server::nbdkit(
         dir.path(),
@@ -247,11 +259,15 @@ fn swapon_refusals_change_nothing() {
             "blocksize-preferred=8192",
         ],
     );
-    let e = mm.swapon(SwapDevice::nbd(big.uri(""), 8 << 20)).unwrap_err();
+    let e = mm
+        .swapon(SwapDevice::nbd(big.uri(""), 8 << 20))
+        .unwrap_err();
     assert!(e.to_string().contains("minimum block size"), "{e}");
     let named = Server::nbdkit(dir.path(), "named", &["memory", "64M"]);
     // nbdkit serves any name; a bad size is refused before any connection.
-    let e = mm.swapon(SwapDevice::nbd(named.uri(""), 8 << 20 | 1)).unwrap_err();
+    let e = mm
+        .swapon(SwapDevice::nbd(named.uri(""), 8 << 20 | 1))
+        .unwrap_err();
     assert!(e.to_string().contains("4096"), "{e}");
     assert!(mm.swap_info().is_empty());
     mm.check().unwrap();
@@ -263,7 +279,10 @@ fn error_filter_fails_requests_and_loses_nothing() {
         return skip("error_filter_fails_requests_and_loses_nothing", "nbdkit");
     }
     let dir = tempfile::tempdir().unwrap();
-    let (wf, rf) = (dir.path().join("fail-writes"), dir.path().join("fail-reads"));
+    let (wf, rf) = (
+        dir.path().join("fail-writes"),
+        dir.path().join("fail-reads"),
+    );
     let args = [
         "--filter=error".to_string(),
         "memory".into(),
@@ -331,7 +350,21 @@ fn error_rate_and_delay_lose_nothing() {
         ],
     );
     let mm = mm(16 * MIB);
-    round_trip(&mm, SwapDevice::nbd(srv.uri(""), 96 << 20), 96 << 20, 16, 100);
+    mm.drain_all_pages();
+    let free0 = mm.nr_free_pages();
+    let id = mm.swapon(SwapDevice::nbd(srv.uri(""), 96 << 20)).unwrap();
+    // 16 threads check every read against their models (1 ms per read: no
+    // serial pass over everything here).
+    let all = workload(&mm, 16 * MIB, 16, 200);
+    let i = &mm.swap_info()[0];
+    assert!(i.io_errors > 0 && i.pswpin > 0, "{i:?}");
+    assert_eq!(i.checksum_errors, 0);
+    drop(all);
+    assert_eq!(used_swap(&mm), 0);
+    mm.swapoff(id).unwrap();
+    mm.drain_all_pages();
+    assert_eq!(mm.nr_free_pages(), free0, "pages leaked");
+    mm.check().unwrap();
 }
 
 /// Cuts: a proxy in front of a long-lived memory server is restarted while
@@ -450,8 +483,16 @@ fn qemu_storage_daemon_block_sizes() {
     let dir = tempfile::tempdir().unwrap();
     let srv = Server::qemu(dir.path(), 80 << 20);
     let mm = mm(16 * MIB);
-    let id = mm.swapon(SwapDevice::nbd(srv.uri("swap"), 64 << 20)).unwrap();
+    let id = mm
+        .swapon(SwapDevice::nbd(srv.uri("swap"), 64 << 20))
+        .unwrap();
     assert!(mm.nbd_stats(id).unwrap().structured);
     mm.swapoff(id).unwrap();
-    round_trip(&mm, SwapDevice::nbd(srv.uri("swap"), 64 << 20), 64 << 20, 4, 800);
+    round_trip(
+        &mm,
+        SwapDevice::nbd(srv.uri("swap"), 64 << 20),
+        64 << 20,
+        4,
+        800,
+    );
 }

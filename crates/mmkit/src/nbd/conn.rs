@@ -309,7 +309,12 @@ pub(crate) fn sync_io(
                     return Ok(());
                 }
             }
-            _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "bad reply magic")),
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "bad reply magic",
+                ))
+            }
         }
     }
 }
@@ -367,7 +372,11 @@ impl Client {
             s.phase = Phase::InFlight;
             s.covered = 0;
             s.err = 0;
-            let flags = if s.cmd == CMD_READ && l.df { CMD_FLAG_DF } else { 0 };
+            let flags = if s.cmd == CMD_READ && l.df {
+                CMD_FLAG_DF
+            } else {
+                0
+            };
             let cookie = (s.gen as u64) << 32 | i as u64;
             request(flags, s.cmd, cookie, s.offset, s.len)
         };
@@ -471,7 +480,15 @@ impl Client {
     /// Reads `buf.len()` bytes at export offset `offset` on connection `ci`.
     pub(crate) fn read(&self, ci: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let deadline = Instant::now() + self.timeout;
-        self.run(ci, CMD_READ, offset, buf.len(), buf.as_mut_ptr(), &[], deadline)
+        self.run(
+            ci,
+            CMD_READ,
+            offset,
+            buf.len(),
+            buf.as_mut_ptr(),
+            &[],
+            deadline,
+        )
     }
 
     /// Writes `pages` (at most [`MAX_IOV_PAGES`]) contiguously at `offset`.
@@ -639,7 +656,15 @@ impl Client {
     }
 
     /// Receives `n` payload bytes for slot `i` at `at` bytes into its request.
-    fn payload(&self, c: &Conn, i: usize, fd: RawFd, at: u64, n: u32, sc: &mut [u8]) -> io::Result<()> {
+    fn payload(
+        &self,
+        c: &Conn,
+        i: usize,
+        fd: RawFd,
+        at: u64,
+        n: u32,
+        sc: &mut [u8],
+    ) -> io::Result<()> {
         let slot = &c.slots[i];
         let mut s = slot.st.lock();
         if s.phase == Phase::Cancelled {
@@ -647,7 +672,10 @@ impl Client {
             return drain(fd, n as usize, sc);
         }
         if s.cmd != CMD_READ || at.saturating_add(n as u64) > s.len as u64 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "data outside the request"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "data outside the request",
+            ));
         }
         s.phase = Phase::Receiving;
         let p = s.buf.0;
@@ -710,13 +738,24 @@ impl Client {
                     }
                 }
                 _ => {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, "bad reply magic"));
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "bad reply magic",
+                    ));
                 }
             }
         }
     }
 
-    fn chunk(&self, c: &Conn, i: usize, fd: RawFd, ty: u16, len: u32, sc: &mut [u8]) -> io::Result<()> {
+    fn chunk(
+        &self,
+        c: &Conn,
+        i: usize,
+        fd: RawFd,
+        ty: u16,
+        len: u32,
+        sc: &mut [u8],
+    ) -> io::Result<()> {
         let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed structured reply");
         let req_off = c.slots[i].st.lock().offset;
         match ty {

@@ -213,17 +213,18 @@ impl NbdBackend {
         if let Some(t) = trim {
             let (c, t2) = (dev.cl.clone(), t.clone());
             let n = dev.cl.conns.len() as u64;
-            dev.threads.push(
-                std::thread::Builder::new()
-                    .name("nbd-trim".into())
-                    .spawn(move || {
-                        t2.run(|slot, run| {
-                            let ci = ((slot as u64 / STRIPE) % n) as usize;
-                            let off = (slot as u64 + 1) * PAGE;
-                            let _ = c.trim(ci, off, run * PAGE as u32);
-                        })
-                    })?,
-            );
+            dev.threads
+                .push(
+                    std::thread::Builder::new()
+                        .name("nbd-trim".into())
+                        .spawn(move || {
+                            t2.run(|slot, run| {
+                                let ci = ((slot as u64 / STRIPE) % n) as usize;
+                                let off = (slot as u64 + 1) * PAGE;
+                                let _ = c.trim(ci, off, run * PAGE as u32);
+                            })
+                        })?,
+                );
             dev.trim = Some(t);
         }
         Ok(dev)
@@ -235,7 +236,13 @@ impl NbdBackend {
         let mut page = vec![0u8; PAGE as usize];
         let mut scratch = vec![0u8; 64 << 10];
         page[..40].copy_from_slice(header);
-        sync_io(links[0].0.as_raw_fd(), CMD_WRITE, 0, &mut page, &mut scratch)?;
+        sync_io(
+            links[0].0.as_raw_fd(),
+            CMD_WRITE,
+            0,
+            &mut page,
+            &mut scratch,
+        )?;
         for (fd, _) in links {
             let mut back = vec![0u8; PAGE as usize];
             sync_io(fd.as_raw_fd(), CMD_READ, 0, &mut back, &mut scratch)?;
@@ -256,7 +263,9 @@ impl NbdBackend {
         let len = len as u64;
         if !offset.is_multiple_of(PAGE)
             || !len.is_multiple_of(PAGE)
-            || offset.checked_add(len).is_none_or(|e| e > self.nr_slots as u64 * PAGE)
+            || offset
+                .checked_add(len)
+                .is_none_or(|e| e > self.nr_slots as u64 * PAGE)
         {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -273,7 +282,10 @@ impl NbdBackend {
     /// stripe-contiguous group of up to 256 pages.
     pub(crate) fn write_pages(&self, offset: u64, pages: &[&[u8]]) -> io::Result<()> {
         if pages.iter().any(|p| p.len() as u64 != PAGE) {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "NBD writes whole pages"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "NBD writes whole pages",
+            ));
         }
         self.check(offset, pages.len() * PAGE as usize)?;
         let first = offset / PAGE;

@@ -287,7 +287,10 @@ pub(crate) fn handshake(fd: OwnedFd, uri: &NbdUri) -> io::Result<(OwnedFd, Expor
             // NBD_OPT_EXPORT_NAME: no error reply; the server closes instead.
             send_opt(&mut f, OPT_EXPORT_NAME, uri.export.as_bytes())?;
             let size = rd64(&mut f).map_err(|e| {
-                io::Error::new(e.kind(), format!("NBD_OPT_EXPORT_NAME {:?}: {e}", uri.export))
+                io::Error::new(
+                    e.kind(),
+                    format!("NBD_OPT_EXPORT_NAME {:?}: {e}", uri.export),
+                )
             })?;
             let flags = rd16(&mut f)?;
             if !no_zeroes {

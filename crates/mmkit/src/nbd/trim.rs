@@ -56,7 +56,11 @@ impl TrimState {
         (first / 64..end.div_ceil(64)).map(move |w| {
             let lo = (w * 64).max(first) - w * 64;
             let hi = ((w + 1) * 64).min(end) - w * 64;
-            let mask = if hi - lo == 64 { !0 } else { ((1u64 << (hi - lo)) - 1) << lo };
+            let mask = if hi - lo == 64 {
+                !0
+            } else {
+                ((1u64 << (hi - lo)) - 1) << lo
+            };
             (w as usize, mask)
         })
     }
@@ -126,7 +130,11 @@ impl TrimState {
             let run = (bits >> lo).trailing_ones();
             trim(w as u32 * 64 + lo, run);
             self.trimmed.fetch_add(run as u64, Ordering::Relaxed);
-            bits &= if lo + run == 64 { 0 } else { !0u64 << (lo + run) };
+            bits &= if lo + run == 64 {
+                0
+            } else {
+                !0u64 << (lo + run)
+            };
         }
     }
 }

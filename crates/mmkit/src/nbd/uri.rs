@@ -68,7 +68,10 @@ impl NbdUri {
             "nbd" => false,
             "nbd+unix" => true,
             "nbds" | "nbds+unix" | "nbds+vsock" => {
-                return Err(bad(uri, "TLS is not supported yet (use nbd:// or nbd+unix://)"))
+                return Err(bad(
+                    uri,
+                    "TLS is not supported yet (use nbd:// or nbd+unix://)",
+                ))
             }
             "nbd+vsock" => return Err(bad(uri, "vsock transport is not supported")),
             s => return Err(bad(uri, &format!("unknown scheme {s:?}"))),
@@ -89,7 +92,11 @@ impl NbdUri {
             return Err(bad(uri, "export name longer than 4096 bytes"));
         }
         let mut socket = None;
-        for kv in query.into_iter().flat_map(|q| q.split('&')).filter(|s| !s.is_empty()) {
+        for kv in query
+            .into_iter()
+            .flat_map(|q| q.split('&'))
+            .filter(|s| !s.is_empty())
+        {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             let v = decode(v).ok_or_else(|| bad(uri, "bad percent-encoding in the query"))?;
             match k {
@@ -103,7 +110,10 @@ impl NbdUri {
         }
         let target = if unix {
             if !authority.is_empty() {
-                return Err(bad(uri, "nbd+unix:// takes no host (nbd+unix:///export?socket=PATH)"));
+                return Err(bad(
+                    uri,
+                    "nbd+unix:// takes no host (nbd+unix:///export?socket=PATH)",
+                ));
             }
             match socket {
                 Some(p) if !p.as_os_str().is_empty() => Target::Unix(p),
@@ -127,7 +137,10 @@ impl NbdUri {
                 "" => (h, None),
                 p => (
                     h,
-                    Some(p.strip_prefix(':').ok_or_else(|| bad(uri, "junk after ]"))?),
+                    Some(
+                        p.strip_prefix(':')
+                            .ok_or_else(|| bad(uri, "junk after ]"))?,
+                    ),
                 ),
             }
         } else {
