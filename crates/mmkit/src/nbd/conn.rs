@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::proto::{self, *};
+use super::rx::Rx;
 use super::uri::NbdUri;
 
 /// Request slots per connection (requests in flight on it at most).
@@ -565,6 +566,7 @@ impl Client {
     pub(crate) fn reader(self: Arc<Client>, ci: usize, first: (OwnedFd, ExportInfo)) {
         let c = &self.conns[ci];
         let mut scratch = vec![0u8; 64 << 10];
+        let mut rx = Rx::new(256 << 10);
         let mut next = Some(first);
         let mut backoff = BACKOFF_MIN;
         loop {
@@ -605,7 +607,8 @@ impl Client {
             }
             c.link_cv.notify_all();
             if !self.stopping() {
-                let _ = self.recv_loop(c, raw, &mut scratch);
+                rx.reset(raw);
+                let _ = self.recv_loop(c, &mut rx);
             }
             self.reset(c);
             *c.shut_fd.lock() = -1;
@@ -660,16 +663,15 @@ impl Client {
         &self,
         c: &Conn,
         i: usize,
-        fd: RawFd,
         at: u64,
         n: u32,
-        sc: &mut [u8],
+        rx: &mut Rx,
     ) -> io::Result<()> {
         let slot = &c.slots[i];
         let mut s = slot.st.lock();
         if s.phase == Phase::Cancelled {
             drop(s);
-            return drain(fd, n as usize, sc);
+            return rx.skip(n as usize);
         }
         if s.cmd != CMD_READ || at.saturating_add(n as u64) > s.len as u64 {
             return Err(io::Error::new(
@@ -682,7 +684,7 @@ impl Client {
         drop(s);
         // SAFETY: the slot is `Receiving`, so its owner waits and its buffer
         // of `len` bytes lives; `at + n <= len` was checked above.
-        unsafe { recv_exact(fd, p.add(at as usize), n as usize)? };
+        unsafe { rx.read_raw(p.add(at as usize), n as usize)? };
         let mut s = slot.st.lock();
         s.phase = Phase::InFlight;
         s.covered += n;
@@ -709,10 +711,10 @@ impl Client {
         slot.cv.notify_one();
     }
 
-    fn recv_loop(&self, c: &Conn, fd: RawFd, sc: &mut [u8]) -> io::Result<()> {
+    fn recv_loop(&self, c: &Conn, rx: &mut Rx) -> io::Result<()> {
         loop {
             let mut h = [0u8; 16];
-            recv_buf(fd, &mut h)?;
+            rx.read(&mut h)?;
             let cookie = be64(&h[8..]);
             match be32(&h) {
                 SIMPLE_REPLY_MAGIC => {
@@ -723,16 +725,16 @@ impl Client {
                         (s.cmd, s.len)
                     };
                     if err == 0 && cmd == CMD_READ {
-                        self.payload(c, i, fd, 0, len, sc)?;
+                        self.payload(c, i, 0, len, rx)?;
                     }
                     self.complete(c, i, err);
                 }
                 STRUCTURED_REPLY_MAGIC => {
                     let (flags, ty) = (be16(&h[4..]), be16(&h[6..]));
                     let mut l = [0u8; 4];
-                    recv_buf(fd, &mut l)?;
+                    rx.read(&mut l)?;
                     let i = self.slot_of(c, cookie)?;
-                    self.chunk(c, i, fd, ty, be32(&l), sc)?;
+                    self.chunk(c, i, ty, be32(&l), rx)?;
                     if flags & REPLY_FLAG_DONE != 0 {
                         self.complete(c, i, 0);
                     }
@@ -751,10 +753,9 @@ impl Client {
         &self,
         c: &Conn,
         i: usize,
-        fd: RawFd,
         ty: u16,
         len: u32,
-        sc: &mut [u8],
+        rx: &mut Rx,
     ) -> io::Result<()> {
         let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed structured reply");
         let req_off = c.slots[i].st.lock().offset;
@@ -762,13 +763,13 @@ impl Client {
             REPLY_TYPE_NONE if len == 0 => Ok(()),
             REPLY_TYPE_OFFSET_DATA if len >= 8 => {
                 let mut o = [0u8; 8];
-                recv_buf(fd, &mut o)?;
+                rx.read(&mut o)?;
                 let at = be64(&o).checked_sub(req_off).ok_or_else(bad)?;
-                self.payload(c, i, fd, at, len - 8, sc)
+                self.payload(c, i, at, len - 8, rx)
             }
             REPLY_TYPE_OFFSET_HOLE if len == 12 => {
                 let mut o = [0u8; 12];
-                recv_buf(fd, &mut o)?;
+                rx.read(&mut o)?;
                 let at = be64(&o).checked_sub(req_off).ok_or_else(bad)?;
                 let n = be32(&o[8..]);
                 let mut s = c.slots[i].st.lock();
@@ -786,8 +787,8 @@ impl Client {
             }
             t if t & REPLY_TYPE_ERROR_BIT != 0 && len >= 6 => {
                 let mut e = [0u8; 4];
-                recv_buf(fd, &mut e)?;
-                drain(fd, len as usize - 4, sc)?;
+                rx.read(&mut e)?;
+                rx.skip(len as usize - 4)?;
                 let mut s = c.slots[i].st.lock();
                 if s.err == 0 {
                     s.err = match be32(&e) {

@@ -25,6 +25,7 @@
 
 mod conn;
 mod proto;
+mod rx;
 mod trim;
 mod uri;
 
