@@ -7,7 +7,7 @@
 //! `cargo run --release -p mmkit --example nbd_bench [-- OPS CUTS]`
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,7 @@ impl Srv {
             .args(["-f", "--exit-with-parent", "-P", pid.to_str().unwrap()])
             .args(["-U", sock.to_str().unwrap()])
             .args(args)
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap())
             .spawn()
             .expect("nbdkit (apt-get install nbdkit)");
         while !pid.exists() {
@@ -153,8 +153,8 @@ fn chaos(dir: &Path, ops: u64, cuts: u32) {
             std::thread::sleep(Duration::from_millis(100));
             let r0 = mm.nbd_stats(id).unwrap().reconnects;
             drop(front.take());
-            let t = Instant::now();
             front = Some(Srv::start(dir, "front", &front_args));
+            let t = Instant::now();
             while mm.nbd_stats(id).unwrap().reconnects == r0 && t.elapsed() < Duration::from_secs(5)
             {
                 std::thread::sleep(Duration::from_millis(1));
@@ -168,7 +168,7 @@ fn chaos(dir: &Path, ops: u64, cuts: u32) {
     let info = &mm.swap_info()[0];
     let heal_max = heal.iter().max().copied().unwrap_or(0) as f64 / 1000.0;
     println!(
-        "chaos: {ops} swap-loop accesses in {:.1} s, {} cuts (max time to heal after the proxy was back {heal_max:.1} ms), \
+        "chaos: {ops} swap-loop accesses in {:.1} s, {} cuts (max time from the proxy's restart to the reconnect {heal_max:.1} ms), \
          pswpout {} pswpin {}, io_errors {}, retried accesses {}, lost {}, wrong {}, checksum errors {}, {st:?}",
         t0.elapsed().as_secs_f64(),
         heal.len(),
@@ -190,6 +190,10 @@ fn main() {
     let ops = args.first().copied().unwrap_or(200_000);
     let cuts = args.get(1).copied().unwrap_or(20) as u32;
     let dir = tempfile_dir();
+    if std::env::var_os("CHAOS_ONLY").is_some() {
+        chaos(&dir, ops, cuts);
+        return;
+    }
     {
         let srv = Srv::start(&dir, "mem", &["memory", "1G"]);
         let dev = NbdBackend::connect(&srv.uri(), BYTES).unwrap();

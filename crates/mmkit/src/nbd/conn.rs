@@ -188,6 +188,14 @@ pub(crate) struct Client {
     pub(crate) counters: Counters,
 }
 
+/// One request: command, export offset, length, read destination.
+struct Req {
+    cmd: u16,
+    offset: u64,
+    len: usize,
+    buf: *mut u8,
+}
+
 enum Outcome {
     Done(i32),
     Resend,
@@ -432,16 +440,13 @@ impl Client {
 
     /// Runs one request on connection `ci` (re-sending a read the reader
     /// handed back) until it completes or `deadline` passes.
-    fn run(
-        &self,
-        ci: usize,
-        cmd: u16,
-        offset: u64,
-        len: usize,
-        buf: *mut u8,
-        pages: &[&[u8]],
-        deadline: Instant,
-    ) -> io::Result<()> {
+    fn run(&self, ci: usize, req: Req, pages: &[&[u8]], deadline: Instant) -> io::Result<()> {
+        let Req {
+            cmd,
+            offset,
+            len,
+            buf,
+        } = req;
         let what = match cmd {
             CMD_READ => "read",
             CMD_WRITE => "write",
@@ -481,30 +486,41 @@ impl Client {
     /// Reads `buf.len()` bytes at export offset `offset` on connection `ci`.
     pub(crate) fn read(&self, ci: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let deadline = Instant::now() + self.timeout;
-        self.run(
-            ci,
-            CMD_READ,
+        let (len, buf) = (buf.len(), buf.as_mut_ptr());
+        let req = Req {
+            cmd: CMD_READ,
             offset,
-            buf.len(),
-            buf.as_mut_ptr(),
-            &[],
-            deadline,
-        )
+            len,
+            buf,
+        };
+        self.run(ci, req, &[], deadline)
     }
 
     /// Writes `pages` (at most [`MAX_IOV_PAGES`]) contiguously at `offset`.
     pub(crate) fn write(&self, ci: usize, offset: u64, pages: &[&[u8]]) -> io::Result<()> {
         let deadline = Instant::now() + self.timeout;
         let len = pages.iter().map(|p| p.len()).sum();
-        let null = std::ptr::null_mut();
-        self.run(ci, CMD_WRITE, offset, len, null, pages, deadline)
+        let buf = std::ptr::null_mut();
+        let req = Req {
+            cmd: CMD_WRITE,
+            offset,
+            len,
+            buf,
+        };
+        self.run(ci, req, pages, deadline)
     }
 
     /// Trims `len` bytes at `offset`.
     pub(crate) fn trim(&self, ci: usize, offset: u64, len: u32) -> io::Result<()> {
         let deadline = Instant::now() + self.timeout;
-        let null = std::ptr::null_mut();
-        self.run(ci, CMD_TRIM, offset, len as usize, null, &[], deadline)
+        let (len, buf) = (len as usize, std::ptr::null_mut());
+        let req = Req {
+            cmd: CMD_TRIM,
+            offset,
+            len,
+            buf,
+        };
+        self.run(ci, req, &[], deadline)
     }
 
     /// Says goodbye on every connection and wakes every reader and waiter.
@@ -659,14 +675,7 @@ impl Client {
     }
 
     /// Receives `n` payload bytes for slot `i` at `at` bytes into its request.
-    fn payload(
-        &self,
-        c: &Conn,
-        i: usize,
-        at: u64,
-        n: u32,
-        rx: &mut Rx,
-    ) -> io::Result<()> {
+    fn payload(&self, c: &Conn, i: usize, at: u64, n: u32, rx: &mut Rx) -> io::Result<()> {
         let slot = &c.slots[i];
         let mut s = slot.st.lock();
         if s.phase == Phase::Cancelled {
@@ -749,14 +758,7 @@ impl Client {
         }
     }
 
-    fn chunk(
-        &self,
-        c: &Conn,
-        i: usize,
-        ty: u16,
-        len: u32,
-        rx: &mut Rx,
-    ) -> io::Result<()> {
+    fn chunk(&self, c: &Conn, i: usize, ty: u16, len: u32, rx: &mut Rx) -> io::Result<()> {
         let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed structured reply");
         let req_off = c.slots[i].st.lock().offset;
         match ty {
