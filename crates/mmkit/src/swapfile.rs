@@ -100,20 +100,12 @@ impl SwapDevice {
     pub fn nbd(uri: impl Into<String>, bytes: u64) -> SwapDevice {
         Self::with(Source::Nbd(uri.into(), NbdOptions::default()), bytes)
     }
-    /// An NBD device: the deadline of each request (default 5 s).
-    pub fn nbd_timeout(mut self, timeout: std::time::Duration) -> SwapDevice {
-        if let Source::Nbd(_, o) = &mut self.source {
-            o.timeout = timeout;
+    /// The options of an NBD device (`None` for another kind).
+    pub(crate) fn nbd_options(&mut self) -> Option<&mut NbdOptions> {
+        match &mut self.source {
+            Source::Nbd(_, o) => Some(o),
+            _ => None,
         }
-        self
-    }
-    /// An NBD device: connections to use (1 to 4; more than one only where
-    /// the server allows multiple connections). Default: up to the CPUs.
-    pub fn nbd_connections(mut self, n: usize) -> SwapDevice {
-        if let Source::Nbd(_, o) = &mut self.source {
-            o.connections = n.clamp(1, crate::nbd::NBD_MAX_CONNECTIONS);
-        }
-        self
     }
     fn with(source: Source, bytes: u64) -> SwapDevice {
         SwapDevice {

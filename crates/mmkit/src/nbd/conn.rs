@@ -1,9 +1,9 @@
 //! NBD connections in the transmission phase: a fixed table of request slots
 //! per connection (the cookie names the slot and its generation), callers that
 //! send their own requests and sleep on their slot, and one reader thread per
-//! connection that receives replies (simple or structured) straight into the
-//! waiting caller's buffer, and reconnects with backoff when the connection
-//! breaks.
+//! connection (`reader.rs`) that receives replies (simple or structured)
+//! straight into the waiting caller's buffer, and reconnects with backoff when
+//! the connection breaks.
 //!
 //! Slot phases: `Free` -> `Ready` (a caller holds it) -> `InFlight` (sent) ->
 //! `Receiving` (the reader copies payload into the caller's buffer) ->
@@ -29,27 +29,25 @@
 //! (bounded by the socket's send timeout).
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::proto::{self, *};
-use super::rx::Rx;
+use super::proto::*;
 use super::uri::NbdUri;
 
 /// Request slots per connection (requests in flight on it at most).
 pub(crate) const NR_SLOTS: usize = 64;
 /// Pages of one request at most (one iovec each, plus the header).
 pub(crate) const MAX_IOV_PAGES: usize = 256;
-const SYNC_COOKIE: u64 = u64::MAX;
-const BACKOFF_MIN: Duration = Duration::from_millis(5);
-const BACKOFF_MAX: Duration = Duration::from_millis(250);
+pub(super) const SYNC_COOKIE: u64 = u64::MAX;
+pub(super) const BACKOFF_MIN: Duration = Duration::from_millis(5);
+pub(super) const BACKOFF_MAX: Duration = Duration::from_millis(250);
 
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
-enum Phase {
+pub(super) enum Phase {
     Free,
     Ready,
     InFlight,
@@ -59,25 +57,25 @@ enum Phase {
     Cancelled,
 }
 
-struct BufPtr(*mut u8);
+pub(super) struct BufPtr(pub(super) *mut u8);
 // SAFETY: the pointer is dereferenced only by the reader while the slot is in
 // `Receiving`, during which its owner waits (module invariants).
 unsafe impl Send for BufPtr {}
 
-struct SlotState {
-    phase: Phase,
-    cmd: u16,
-    gen: u32,
-    offset: u64,
-    len: u32,
-    buf: BufPtr,
-    covered: u32,
-    err: i32,
+pub(super) struct SlotState {
+    pub(super) phase: Phase,
+    pub(super) cmd: u16,
+    pub(super) gen: u32,
+    pub(super) offset: u64,
+    pub(super) len: u32,
+    pub(super) buf: BufPtr,
+    pub(super) covered: u32,
+    pub(super) err: i32,
 }
 
-struct Slot {
-    st: Mutex<SlotState>,
-    cv: Condvar,
+pub(super) struct Slot {
+    pub(super) st: Mutex<SlotState>,
+    pub(super) cv: Condvar,
 }
 
 struct IoVecs(Box<[libc::iovec]>);
@@ -85,10 +83,10 @@ struct IoVecs(Box<[libc::iovec]>);
 // within one send; stale pointers left in them are never dereferenced.
 unsafe impl Send for IoVecs {}
 
-struct Link {
-    fd: RawFd,
-    up: bool,
-    df: bool,
+pub(super) struct Link {
+    pub(super) fd: RawFd,
+    pub(super) up: bool,
+    pub(super) df: bool,
     iov: IoVecs,
 }
 
@@ -99,12 +97,12 @@ struct FreeStack {
 
 /// One connection.
 pub(crate) struct Conn {
-    slots: Box<[Slot]>,
+    pub(super) slots: Box<[Slot]>,
     free: Mutex<FreeStack>,
-    free_cv: Condvar,
-    link: Mutex<Link>,
-    link_cv: Condvar,
-    shut_fd: Mutex<RawFd>,
+    pub(super) free_cv: Condvar,
+    pub(super) link: Mutex<Link>,
+    pub(super) link_cv: Condvar,
+    pub(super) shut_fd: Mutex<RawFd>,
 }
 
 impl Conn {
@@ -145,7 +143,7 @@ impl Conn {
         }
     }
 
-    fn shutdown(&self) {
+    pub(super) fn shutdown(&self) {
         let fd = self.shut_fd.lock();
         if *fd >= 0 {
             // SAFETY: the fd is open while `shut_fd` holds it (the reader closes
@@ -154,7 +152,7 @@ impl Conn {
         }
     }
 
-    fn put_slot(&self, i: usize) {
+    pub(super) fn put_slot(&self, i: usize) {
         self.slots[i].st.lock().phase = Phase::Free;
         let mut f = self.free.lock();
         let n = f.n;
@@ -202,7 +200,7 @@ enum Outcome {
     TimedOut,
 }
 
-fn errno_err(e: i32, what: &str) -> io::Error {
+pub(super) fn errno_err(e: i32, what: &str) -> io::Error {
     let os = io::Error::from_raw_os_error(e);
     io::Error::new(os.kind(), format!("NBD {what}: the server answered {os}"))
 }
@@ -218,114 +216,14 @@ fn timed_out(what: &str) -> io::Error {
     )
 }
 
-fn be16(b: &[u8]) -> u16 {
+pub(super) fn be16(b: &[u8]) -> u16 {
     u16::from_be_bytes(b[..2].try_into().unwrap())
 }
-fn be32(b: &[u8]) -> u32 {
+pub(super) fn be32(b: &[u8]) -> u32 {
     u32::from_be_bytes(b[..4].try_into().unwrap())
 }
-fn be64(b: &[u8]) -> u64 {
+pub(super) fn be64(b: &[u8]) -> u64 {
     u64::from_be_bytes(b[..8].try_into().unwrap())
-}
-
-fn drain(fd: RawFd, mut n: usize, scratch: &mut [u8]) -> io::Result<()> {
-    while n > 0 {
-        let k = n.min(scratch.len());
-        recv_buf(fd, &mut scratch[..k])?;
-        n -= k;
-    }
-    Ok(())
-}
-
-/// One request and its reply on a connection nobody else uses (the header
-/// page at `swapon` and on reconnect). `data` is written for a write, filled
-/// for a read. Errors of any kind are returned; the socket is then unusable.
-pub(crate) fn sync_io(
-    fd: RawFd,
-    cmd: u16,
-    offset: u64,
-    data: &mut [u8],
-    scratch: &mut [u8],
-) -> io::Result<()> {
-    let h = request(0, cmd, SYNC_COOKIE, offset, data.len() as u32);
-    let mut iov = [
-        libc::iovec {
-            iov_base: h.as_ptr() as *mut libc::c_void,
-            iov_len: h.len(),
-        },
-        libc::iovec {
-            iov_base: data.as_mut_ptr().cast(),
-            iov_len: if cmd == CMD_WRITE { data.len() } else { 0 },
-        },
-    ];
-    sendv_all(fd, &mut iov)?;
-    let mut covered = 0;
-    loop {
-        let mut r = [0u8; 16];
-        recv_buf(fd, &mut r)?;
-        if be64(&r[8..]) != SYNC_COOKIE {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "bad cookie"));
-        }
-        match be32(&r) {
-            SIMPLE_REPLY_MAGIC => {
-                let e = be32(&r[4..]);
-                if e != 0 {
-                    return Err(errno_err(e as i32, "header page"));
-                }
-                if cmd == CMD_READ {
-                    recv_buf(fd, data)?;
-                }
-                return Ok(());
-            }
-            STRUCTURED_REPLY_MAGIC => {
-                let (flags, ty) = (be16(&r[4..]), be16(&r[6..]));
-                let mut l = [0u8; 4];
-                recv_buf(fd, &mut l)?;
-                let len = be32(&l) as usize;
-                match ty {
-                    REPLY_TYPE_OFFSET_DATA if len >= 8 && cmd == CMD_READ => {
-                        let mut o = [0u8; 8];
-                        recv_buf(fd, &mut o)?;
-                        let at = be64(&o).wrapping_sub(offset) as usize;
-                        let dst = data
-                            .get_mut(at..at.saturating_add(len - 8))
-                            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "chunk"))?;
-                        recv_buf(fd, dst)?;
-                        covered += len - 8;
-                    }
-                    REPLY_TYPE_OFFSET_HOLE if len == 12 && cmd == CMD_READ => {
-                        let mut o = [0u8; 12];
-                        recv_buf(fd, &mut o)?;
-                        let at = be64(&o).wrapping_sub(offset) as usize;
-                        let n = be32(&o[8..]) as usize;
-                        data.get_mut(at..at.saturating_add(n))
-                            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "hole"))?
-                            .fill(0);
-                        covered += n;
-                    }
-                    t if t & REPLY_TYPE_ERROR_BIT != 0 && len >= 6 => {
-                        let mut e = [0u8; 4];
-                        recv_buf(fd, &mut e)?;
-                        drain(fd, len - 4, scratch)?;
-                        return Err(errno_err(be32(&e).max(1) as i32, "header page"));
-                    }
-                    _ => drain(fd, len, scratch)?,
-                }
-                if flags & REPLY_FLAG_DONE != 0 {
-                    if cmd == CMD_READ && covered < data.len() {
-                        return Err(io::Error::new(io::ErrorKind::InvalidData, "short read"));
-                    }
-                    return Ok(());
-                }
-            }
-            _ => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "bad reply magic",
-                ))
-            }
-        }
-    }
 }
 
 impl Client {
@@ -535,272 +433,6 @@ impl Client {
             drop(l);
             c.shutdown();
             c.link_cv.notify_all();
-        }
-    }
-
-    fn mark_lost(&self) {
-        self.lost.store(true, Ordering::Release);
-        for c in self.conns.iter() {
-            c.shutdown();
-            let _l = c.link.lock();
-            c.link_cv.notify_all();
-        }
-    }
-
-    fn stopping(&self) -> bool {
-        self.stop.load(Ordering::Acquire)
-    }
-
-    /// A new connection that passed the checks: same export, same epoch.
-    /// `Ok(Err(..))`: try again later; `Err(())`: the server lost the data.
-    fn reconnect(&self, scratch: &mut [u8]) -> Result<io::Result<(OwnedFd, ExportInfo)>, ()> {
-        let fd = match proto::connect(&self.uri.target, self.timeout)
-            .and_then(|fd| handshake(fd, &self.uri))
-        {
-            Ok(x) => x,
-            Err(e) => return Ok(Err(e)),
-        };
-        let (fd, info) = fd;
-        if info.size < 4096 {
-            return Err(());
-        }
-        let (head, rest) = scratch.split_at_mut(4096);
-        if let Err(e) = sync_io(fd.as_raw_fd(), CMD_READ, 0, head, rest) {
-            return Ok(Err(e));
-        }
-        if head[..self.header.len()] != self.header {
-            return Err(());
-        }
-        if let Err(e) = super::check_export(&info, self.need) {
-            return Ok(Err(e));
-        }
-        Ok(clear_rcvtimeo(&fd).map(|()| (fd, info)))
-    }
-
-    /// The reader thread of connection `ci`; `first` is its connection from
-    /// `swapon`.
-    pub(crate) fn reader(self: Arc<Client>, ci: usize, first: (OwnedFd, ExportInfo)) {
-        let c = &self.conns[ci];
-        let mut scratch = vec![0u8; 64 << 10];
-        let mut rx = Rx::new(256 << 10);
-        let mut next = Some(first);
-        let mut backoff = BACKOFF_MIN;
-        loop {
-            let (fd, info) = match next.take() {
-                Some(x) => x,
-                None => {
-                    if self.stopping() {
-                        return;
-                    }
-                    match self.reconnect(&mut scratch) {
-                        Ok(Ok(x)) => {
-                            self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
-                            x
-                        }
-                        Ok(Err(_)) => {
-                            let mut l = c.link.lock();
-                            if !self.stopping() {
-                                c.link_cv.wait_for(&mut l, backoff);
-                            }
-                            backoff = (backoff * 2).min(BACKOFF_MAX);
-                            continue;
-                        }
-                        Err(()) => {
-                            self.mark_lost();
-                            return;
-                        }
-                    }
-                }
-            };
-            backoff = BACKOFF_MIN;
-            let raw = fd.as_raw_fd();
-            *c.shut_fd.lock() = raw;
-            {
-                let mut l = c.link.lock();
-                l.fd = raw;
-                l.up = !self.stopping();
-                l.df = info.structured && info.flags & TFLAG_SEND_DF != 0;
-            }
-            c.link_cv.notify_all();
-            if !self.stopping() {
-                rx.reset(raw);
-                let _ = self.recv_loop(c, &mut rx);
-            }
-            self.reset(c);
-            *c.shut_fd.lock() = -1;
-            drop(fd);
-        }
-    }
-
-    /// The connection broke: settle every slot that was on it.
-    fn reset(&self, c: &Conn) {
-        c.shutdown();
-        let mut l = c.link.lock();
-        l.up = false;
-        l.fd = -1;
-        for (i, slot) in c.slots.iter().enumerate() {
-            let mut s = slot.st.lock();
-            match s.phase {
-                Phase::InFlight | Phase::Receiving if s.cmd == CMD_READ => {
-                    s.phase = Phase::Resend;
-                    slot.cv.notify_one();
-                }
-                Phase::InFlight | Phase::Receiving => {
-                    s.phase = Phase::Done;
-                    s.err = libc::ECONNRESET;
-                    slot.cv.notify_one();
-                }
-                Phase::Cancelled => {
-                    drop(s);
-                    c.put_slot(i);
-                }
-                _ => {}
-            }
-        }
-    }
-
-    fn slot_of(&self, c: &Conn, cookie: u64) -> io::Result<usize> {
-        let i = (cookie & 0xffff_ffff) as usize;
-        let ok = c.slots.get(i).is_some_and(|slot| {
-            let s = slot.st.lock();
-            s.gen == (cookie >> 32) as u32 && matches!(s.phase, Phase::InFlight | Phase::Cancelled)
-        });
-        if !ok {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "reply for no request in flight",
-            ));
-        }
-        Ok(i)
-    }
-
-    /// Receives `n` payload bytes for slot `i` at `at` bytes into its request.
-    fn payload(&self, c: &Conn, i: usize, at: u64, n: u32, rx: &mut Rx) -> io::Result<()> {
-        let slot = &c.slots[i];
-        let mut s = slot.st.lock();
-        if s.phase == Phase::Cancelled {
-            drop(s);
-            return rx.skip(n as usize);
-        }
-        if s.cmd != CMD_READ || at.saturating_add(n as u64) > s.len as u64 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "data outside the request",
-            ));
-        }
-        s.phase = Phase::Receiving;
-        let p = s.buf.0;
-        drop(s);
-        // SAFETY: the slot is `Receiving`, so its owner waits and its buffer
-        // of `len` bytes lives; `at + n <= len` was checked above.
-        unsafe { rx.read_raw(p.add(at as usize), n as usize)? };
-        let mut s = slot.st.lock();
-        s.phase = Phase::InFlight;
-        s.covered += n;
-        Ok(())
-    }
-
-    fn complete(&self, c: &Conn, i: usize, err: u32) {
-        let slot = &c.slots[i];
-        let mut s = slot.st.lock();
-        let short = s.cmd == CMD_READ && s.covered < s.len;
-        let e = match (err, s.err) {
-            (0, 0) if short => libc::EIO,
-            (0, e) => e,
-            (e, _) => e as i32,
-        };
-        if s.phase == Phase::Cancelled {
-            drop(s);
-            c.put_slot(i);
-            return;
-        }
-        s.phase = Phase::Done;
-        s.err = e;
-        drop(s);
-        slot.cv.notify_one();
-    }
-
-    fn recv_loop(&self, c: &Conn, rx: &mut Rx) -> io::Result<()> {
-        loop {
-            let mut h = [0u8; 16];
-            rx.read(&mut h)?;
-            let cookie = be64(&h[8..]);
-            match be32(&h) {
-                SIMPLE_REPLY_MAGIC => {
-                    let i = self.slot_of(c, cookie)?;
-                    let err = be32(&h[4..]);
-                    let (cmd, len) = {
-                        let s = c.slots[i].st.lock();
-                        (s.cmd, s.len)
-                    };
-                    if err == 0 && cmd == CMD_READ {
-                        self.payload(c, i, 0, len, rx)?;
-                    }
-                    self.complete(c, i, err);
-                }
-                STRUCTURED_REPLY_MAGIC => {
-                    let (flags, ty) = (be16(&h[4..]), be16(&h[6..]));
-                    let mut l = [0u8; 4];
-                    rx.read(&mut l)?;
-                    let i = self.slot_of(c, cookie)?;
-                    self.chunk(c, i, ty, be32(&l), rx)?;
-                    if flags & REPLY_FLAG_DONE != 0 {
-                        self.complete(c, i, 0);
-                    }
-                }
-                _ => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "bad reply magic",
-                    ));
-                }
-            }
-        }
-    }
-
-    fn chunk(&self, c: &Conn, i: usize, ty: u16, len: u32, rx: &mut Rx) -> io::Result<()> {
-        let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed structured reply");
-        let req_off = c.slots[i].st.lock().offset;
-        match ty {
-            REPLY_TYPE_NONE if len == 0 => Ok(()),
-            REPLY_TYPE_OFFSET_DATA if len >= 8 => {
-                let mut o = [0u8; 8];
-                rx.read(&mut o)?;
-                let at = be64(&o).checked_sub(req_off).ok_or_else(bad)?;
-                self.payload(c, i, at, len - 8, rx)
-            }
-            REPLY_TYPE_OFFSET_HOLE if len == 12 => {
-                let mut o = [0u8; 12];
-                rx.read(&mut o)?;
-                let at = be64(&o).checked_sub(req_off).ok_or_else(bad)?;
-                let n = be32(&o[8..]);
-                let mut s = c.slots[i].st.lock();
-                if s.phase == Phase::Cancelled {
-                    return Ok(());
-                }
-                if s.cmd != CMD_READ || at.saturating_add(n as u64) > s.len as u64 {
-                    return Err(bad());
-                }
-                // SAFETY: the slot is `InFlight` under its lock, so its owner
-                // waits and its buffer lives; the range was checked above.
-                unsafe { std::ptr::write_bytes(s.buf.0.add(at as usize), 0, n as usize) };
-                s.covered += n;
-                Ok(())
-            }
-            t if t & REPLY_TYPE_ERROR_BIT != 0 && len >= 6 => {
-                let mut e = [0u8; 4];
-                rx.read(&mut e)?;
-                rx.skip(len as usize - 4)?;
-                let mut s = c.slots[i].st.lock();
-                if s.err == 0 {
-                    s.err = match be32(&e) {
-                        0 => libc::EIO,
-                        e => e as i32,
-                    };
-                }
-                Ok(())
-            }
-            _ => Err(bad()),
         }
     }
 }

@@ -25,6 +25,7 @@
 
 mod conn;
 mod proto;
+mod reader;
 mod rx;
 mod trim;
 mod uri;
@@ -36,8 +37,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use conn::{sync_io, Client, MAX_IOV_PAGES};
+use conn::{Client, MAX_IOV_PAGES};
 use proto::{ExportInfo, CMD_READ, CMD_WRITE};
+use reader::sync_io;
 use trim::TrimState;
 use uri::NbdUri;
 
@@ -365,6 +367,24 @@ impl SwapBackend for NbdBackend {
             self.write_pages(offset + (k * 16) as u64 * PAGE, &pages[..n])?;
         }
         Ok(())
+    }
+}
+
+impl crate::SwapDevice {
+    /// An NBD device: the deadline of each request (default 5 s).
+    pub fn nbd_timeout(mut self, timeout: Duration) -> crate::SwapDevice {
+        if let Some(o) = self.nbd_options() {
+            o.timeout = timeout;
+        }
+        self
+    }
+    /// An NBD device: connections to use (1 to 4; more than one only where
+    /// the server allows multiple connections). Default: up to the CPUs.
+    pub fn nbd_connections(mut self, n: usize) -> crate::SwapDevice {
+        if let Some(o) = self.nbd_options() {
+            o.connections = n.clamp(1, NBD_MAX_CONNECTIONS);
+        }
+        self
     }
 }
 
