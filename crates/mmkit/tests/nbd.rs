@@ -504,3 +504,46 @@ fn qemu_storage_daemon_block_sizes() {
         800,
     );
 }
+
+/// Every request has a deadline: a server slower than it fails the access
+/// (the slot stays), and the device can still be turned off.
+#[test]
+fn deadline_fails_a_slow_read_and_keeps_the_slot() {
+    if !have("nbdkit") {
+        return skip("deadline_fails_a_slow_read_and_keeps_the_slot", "nbdkit");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::nbdkit(
+        dir.path(),
+        "slow",
+        &["--filter=delay", "memory", "64M", "delay-read=2000ms"],
+    );
+    let mm = mm(16 * MIB);
+    let dev = SwapDevice::nbd(srv.uri(""), 16 << 20)
+        .nbd_connections(1)
+        .nbd_timeout(Duration::from_millis(300));
+    let id = mm.swapon(dev).unwrap();
+    let s = mm.new_space().unwrap();
+    let a = s.mmap(16 * PAGE_SIZE, MapFlags::empty()).unwrap();
+    for i in 0..16 {
+        s.write(a + i * PAGE, &i.to_le_bytes()).unwrap();
+    }
+    assert_eq!(mm.reclaim(16), 16);
+    let t0 = std::time::Instant::now();
+    let mut b = [0u8; 8];
+    match s.read(a, &mut b) {
+        Err(Error::SwapIo { addr, .. }) => assert_eq!(addr, a),
+        r => panic!("{r:?}"),
+    }
+    assert!(
+        t0.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert!(mm.nbd_stats(id).unwrap().timeouts >= 1);
+    assert_eq!(used_swap(&mm), 16);
+    drop(s);
+    assert_eq!(used_swap(&mm), 0);
+    mm.swapoff(id).unwrap();
+    mm.check().unwrap();
+}

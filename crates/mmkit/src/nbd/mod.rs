@@ -167,7 +167,10 @@ impl NbdBackend {
             ));
         }
         let need = bytes + PAGE;
-        let first = proto::handshake(proto::connect(&uri.target, opts.timeout)?, &uri)?;
+        // Connecting, negotiating and the header page get at least the default
+        // deadline, whatever the requests' own.
+        let setup = opts.timeout.max(NBD_DEFAULT_TIMEOUT);
+        let first = proto::handshake(proto::connect(&uri.target, setup)?, &uri)?;
         check_export(&first.1, need)?;
         let info = first.1;
         let max_conns = if info.flags & proto::TFLAG_CAN_MULTI_CONN != 0 {
@@ -182,7 +185,7 @@ impl NbdBackend {
         let nconns = want.clamp(1, max_conns);
         let mut links = vec![first];
         while links.len() < nconns {
-            let l = proto::handshake(proto::connect(&uri.target, opts.timeout)?, &uri)?;
+            let l = proto::handshake(proto::connect(&uri.target, setup)?, &uri)?;
             check_export(&l.1, need)?;
             links.push(l);
         }
@@ -371,7 +374,8 @@ impl SwapBackend for NbdBackend {
 }
 
 impl crate::SwapDevice {
-    /// An NBD device: the deadline of each request (default 5 s).
+    /// An NBD device: the deadline of each request (default 5 s; connecting,
+    /// negotiating and the header page get at least 5 s).
     pub fn nbd_timeout(mut self, timeout: Duration) -> crate::SwapDevice {
         if let Some(o) = self.nbd_options() {
             o.timeout = timeout;

@@ -134,8 +134,11 @@ impl Client {
     /// A new connection that passed the checks: same export, same epoch.
     /// `Ok(Err(..))`: try again later; `Err(())`: the server lost the data.
     fn reconnect(&self, scratch: &mut [u8]) -> Result<io::Result<(OwnedFd, ExportInfo)>, ()> {
-        let fd = match proto::connect(&self.uri.target, self.timeout)
-            .and_then(|fd| handshake(fd, &self.uri))
+        let fd = match proto::connect(
+            &self.uri.target,
+            self.timeout.max(super::NBD_DEFAULT_TIMEOUT),
+        )
+        .and_then(|fd| handshake(fd, &self.uri))
         {
             Ok(x) => x,
             Err(e) => return Ok(Err(e)),
