@@ -41,6 +41,7 @@ mod kthread;
 mod lru;
 mod mempolicy;
 mod migrate;
+mod nbd;
 mod numa;
 mod numa_balancing;
 mod page_io;
@@ -75,6 +76,7 @@ pub use mmkit_core::{
     PAGEBLOCK_ORDER, PAGE_SIZE,
 };
 pub use mmkit_core::{NodeReq, NumaStats};
+pub use nbd::{NbdBackend, NbdStats};
 pub use numa::NodeAccesses;
 pub use numa_balancing::{
     should_numa_migrate_memory, Cpupid, GroupFaults, MigrateFail, MigrateQuery, NumabStats,

@@ -9,6 +9,8 @@
 //!   kernel offers it (`pread`/`pwrite` otherwise), both detected at open. Runs of
 //!   contiguous slots are written with one request.
 //! - any user [`SwapBackend`] (far memory, fault injection in tests).
+//! - an NBD export (`crate::nbd`): runs written as one request, freed slots
+//!   trimmed.
 //!
 //! [`SwapIo`] adds a CRC32C (the SSE4.2 / ARMv8 instruction, through the `crc32c`
 //! crate) per slot: computed on swap-out, stored once the write succeeded, checked
@@ -500,6 +502,7 @@ pub(crate) enum Backend {
     Ram(RamDevice),
     File(FileDevice),
     User(Arc<dyn SwapBackend>),
+    Nbd(crate::nbd::NbdBackend),
 }
 
 impl Backend {
@@ -508,6 +511,7 @@ impl Backend {
             Backend::Ram(d) => d,
             Backend::File(d) => d,
             Backend::User(d) => &**d,
+            Backend::Nbd(d) => d,
         }
     }
 }
@@ -602,6 +606,7 @@ impl SwapIo {
         let off = first as u64 * PAGE;
         let r = match &self.backend {
             Backend::File(f) => f.write_runs(&[(off, pages)]),
+            Backend::Nbd(d) => d.write_pages(off, pages),
             b => pages
                 .iter()
                 .enumerate()
@@ -643,6 +648,9 @@ impl SwapIo {
     /// Forgets the page of a freed slot (its next read is `NotWritten`).
     pub(crate) fn invalidate(&self, slot: u32) {
         self.csum[slot as usize].store(0, Ordering::Release);
+        if let Backend::Nbd(d) = &self.backend {
+            d.discard(slot);
+        }
     }
 
     pub(crate) fn stats(&self) -> SwapIoStats {

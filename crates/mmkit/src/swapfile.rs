@@ -44,6 +44,7 @@ use mmkit_core::{LockStats, PAGE_SIZE};
 
 use crate::error::setup_err;
 pub(crate) use crate::error::SwapError;
+use crate::nbd::{NbdBackend, NbdOptions};
 use crate::page_io::{
     Backend, DirectIo, FileDevice, IoEngine, RamDevice, SwapBackend, SwapIo, SwapIoStats,
 };
@@ -64,6 +65,7 @@ enum Source {
     Ram,
     File(PathBuf),
     Backend(Arc<dyn SwapBackend>),
+    Nbd(String, NbdOptions),
 }
 
 /// A swap device to turn on: `SwapDevice::ram(bytes)`, `SwapDevice::file(path,
@@ -91,6 +93,19 @@ impl SwapDevice {
     /// A user backend holding `bytes`.
     pub fn backend(backend: Arc<dyn SwapBackend>, bytes: u64) -> SwapDevice {
         Self::with(Source::Backend(backend), bytes)
+    }
+    /// An NBD export (`nbd://host[:port]/export` or
+    /// `nbd+unix:///export?socket=PATH`) of at least `bytes` plus a 4 KiB
+    /// header page.
+    pub fn nbd(uri: impl Into<String>, bytes: u64) -> SwapDevice {
+        Self::with(Source::Nbd(uri.into(), NbdOptions::default()), bytes)
+    }
+    /// The options of an NBD device (`None` for another kind).
+    pub(crate) fn nbd_options(&mut self) -> Option<&mut NbdOptions> {
+        match &mut self.source {
+            Source::Nbd(_, o) => Some(o),
+            _ => None,
+        }
     }
     fn with(source: Source, bytes: u64) -> SwapDevice {
         SwapDevice {
@@ -132,6 +147,7 @@ impl fmt::Debug for SwapDevice {
             Source::Ram => "ram".to_string(),
             Source::File(p) => format!("file {}", p.display()),
             Source::Backend(_) => "backend".to_string(),
+            Source::Nbd(uri, _) => format!("nbd {uri}"),
         };
         f.debug_struct("SwapDevice")
             .field("source", &src)
@@ -165,6 +181,8 @@ pub enum SwapKind {
     File,
     /// A user backend.
     Backend,
+    /// An NBD export.
+    Nbd,
 }
 
 /// One device as `/proc/swaps` shows it, and its counters.
@@ -417,6 +435,10 @@ impl SwapDevices {
                 "[ram]".into(),
             ),
             Source::Backend(b) => (Backend::User(b), SwapKind::Backend, "[backend]".into()),
+            Source::Nbd(uri, o) => {
+                let d = NbdBackend::open(&uri, dev.bytes, &o).map_err(setup_err)?;
+                (Backend::Nbd(d), SwapKind::Nbd, uri)
+            }
             Source::File(path) => {
                 let opened =
                     FileDevice::open(&path, dev.bytes, dev.direct, dev.engine).and_then(|f| {
@@ -545,6 +567,17 @@ impl SwapDevices {
             // swap cache (page tables count too: an overestimate, safe).
             SwapFreePolicy::KeepWhileRoom => free < resident.saturating_sub(cached) + total / 32,
         }
+    }
+
+    /// Runs `f` on the device behind `id`, if it is on.
+    pub(crate) fn with_backend<R>(&self, id: SwapId, f: impl FnOnce(&Backend) -> R) -> Option<R> {
+        let t = self.table.read().unwrap();
+        let si = t
+            .by_type
+            .get(id.ty as usize)?
+            .as_ref()
+            .filter(|si| si.id == id)?;
+        Some(f(si.io.backend()))
     }
 
     /// Pages in the swap caches of all devices (`SwapCached`), from the

@@ -159,6 +159,7 @@ pub(crate) fn proc_swaps(info: &[SwapInfo]) -> String {
             SwapKind::Ram => "ram",
             SwapKind::File => "file",
             SwapKind::Backend => "backend",
+            SwapKind::Nbd => "nbd",
         };
         s += &format!(
             "{:<40}{:<16}{:<16}{:<16}{}\n",

@@ -1,0 +1,438 @@
+//! NBD connections in the transmission phase: a fixed table of request slots
+//! per connection (the cookie names the slot and its generation), callers that
+//! send their own requests and sleep on their slot, and one reader thread per
+//! connection (`reader.rs`) that receives replies (simple or structured)
+//! straight into the waiting caller's buffer, and reconnects with backoff when
+//! the connection breaks.
+//!
+//! Slot phases: `Free` -> `Ready` (a caller holds it) -> `InFlight` (sent) ->
+//! `Receiving` (the reader copies payload into the caller's buffer) ->
+//! `InFlight` ... -> `Done` (the caller reads the result and frees it).
+//! A broken connection turns `InFlight` reads into `Resend` (the caller sends
+//! them again once the link is back) and `InFlight` writes and trims into
+//! `Done(ECONNRESET)`. A caller whose deadline passes turns `InFlight` into
+//! `Cancelled` and shuts the connection down (a server that does not answer
+//! in time is treated as hung); the reader frees a `Cancelled` slot when its
+//! reply arrives (draining the payload) or when the connection resets.
+//!
+//! Invariants: the reader writes into a caller's buffer only in `Receiving`,
+//! which it enters from `InFlight` under the slot lock; a caller returns only
+//! from `Done`, `Ready`/`Resend` (never sent or handed back) or after turning
+//! `InFlight` into `Cancelled`: so no reply ever lands in a buffer after its
+//! owner returned. Everything (slots, free stacks, iovec arrays, the reader's
+//! scratch buffer) is allocated when the connection is created; requests
+//! allocate nothing.
+//!
+//! Locking: `link` (the send lock: socket, up/down, iovec scratch) before a
+//! slot's lock; `free` and `shut_fd` are leaves. The reader holds no lock while
+//! it blocks in `recv`; a sender holds `link` while it blocks in `sendmsg`
+//! (bounded by the socket's send timeout).
+
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::proto::*;
+use super::uri::NbdUri;
+
+/// Request slots per connection (requests in flight on it at most).
+pub(crate) const NR_SLOTS: usize = 64;
+/// Pages of one request at most (one iovec each, plus the header).
+pub(crate) const MAX_IOV_PAGES: usize = 256;
+pub(super) const SYNC_COOKIE: u64 = u64::MAX;
+pub(super) const BACKOFF_MIN: Duration = Duration::from_millis(5);
+pub(super) const BACKOFF_MAX: Duration = Duration::from_millis(250);
+
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub(super) enum Phase {
+    Free,
+    Ready,
+    InFlight,
+    Receiving,
+    Resend,
+    Done,
+    Cancelled,
+}
+
+pub(super) struct BufPtr(pub(super) *mut u8);
+// SAFETY: the pointer is dereferenced only by the reader while the slot is in
+// `Receiving`, during which its owner waits (module invariants).
+unsafe impl Send for BufPtr {}
+
+pub(super) struct SlotState {
+    pub(super) phase: Phase,
+    pub(super) cmd: u16,
+    pub(super) gen: u32,
+    pub(super) offset: u64,
+    pub(super) len: u32,
+    pub(super) buf: BufPtr,
+    pub(super) covered: u32,
+    pub(super) err: i32,
+}
+
+pub(super) struct Slot {
+    pub(super) st: Mutex<SlotState>,
+    pub(super) cv: Condvar,
+}
+
+struct IoVecs(Box<[libc::iovec]>);
+// SAFETY: the iovecs are scratch space written and used under the `link` lock
+// within one send; stale pointers left in them are never dereferenced.
+unsafe impl Send for IoVecs {}
+
+pub(super) struct Link {
+    pub(super) fd: RawFd,
+    pub(super) up: bool,
+    pub(super) df: bool,
+    iov: IoVecs,
+}
+
+struct FreeStack {
+    idx: [u16; NR_SLOTS],
+    n: usize,
+}
+
+/// One connection.
+pub(crate) struct Conn {
+    pub(super) slots: Box<[Slot]>,
+    free: Mutex<FreeStack>,
+    pub(super) free_cv: Condvar,
+    pub(super) link: Mutex<Link>,
+    pub(super) link_cv: Condvar,
+    pub(super) shut_fd: Mutex<RawFd>,
+}
+
+impl Conn {
+    fn new() -> Conn {
+        let iov = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        Conn {
+            slots: (0..NR_SLOTS)
+                .map(|_| Slot {
+                    st: Mutex::new(SlotState {
+                        phase: Phase::Free,
+                        cmd: 0,
+                        gen: 0,
+                        offset: 0,
+                        len: 0,
+                        buf: BufPtr(std::ptr::null_mut()),
+                        covered: 0,
+                        err: 0,
+                    }),
+                    cv: Condvar::new(),
+                })
+                .collect(),
+            free: Mutex::new(FreeStack {
+                idx: std::array::from_fn(|i| i as u16),
+                n: NR_SLOTS,
+            }),
+            free_cv: Condvar::new(),
+            link: Mutex::new(Link {
+                fd: -1,
+                up: false,
+                df: false,
+                iov: IoVecs(vec![iov; MAX_IOV_PAGES + 1].into_boxed_slice()),
+            }),
+            link_cv: Condvar::new(),
+            shut_fd: Mutex::new(-1),
+        }
+    }
+
+    pub(super) fn shutdown(&self) {
+        let fd = self.shut_fd.lock();
+        if *fd >= 0 {
+            // SAFETY: the fd is open while `shut_fd` holds it (the reader closes
+            // it only after clearing `shut_fd` under this lock).
+            unsafe { libc::shutdown(*fd, libc::SHUT_RDWR) };
+        }
+    }
+
+    pub(super) fn put_slot(&self, i: usize) {
+        self.slots[i].st.lock().phase = Phase::Free;
+        let mut f = self.free.lock();
+        let n = f.n;
+        f.idx[n] = i as u16;
+        f.n += 1;
+        drop(f);
+        self.free_cv.notify_one();
+    }
+}
+
+/// Counters of the client.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) reconnects: AtomicU64,
+    pub(crate) resent: AtomicU64,
+    pub(crate) timeouts: AtomicU64,
+    pub(crate) error_replies: AtomicU64,
+}
+
+/// The client: its connections and what a reconnect checks.
+pub(crate) struct Client {
+    pub(crate) uri: NbdUri,
+    /// Export bytes needed (swap area plus header page).
+    pub(crate) need: u64,
+    pub(crate) timeout: Duration,
+    /// The header page's identifying prefix (magic, epoch, size).
+    pub(crate) header: [u8; 40],
+    pub(crate) lost: AtomicBool,
+    pub(crate) stop: AtomicBool,
+    pub(crate) conns: Box<[Conn]>,
+    pub(crate) counters: Counters,
+}
+
+/// One request: command, export offset, length, read destination.
+struct Req {
+    cmd: u16,
+    offset: u64,
+    len: usize,
+    buf: *mut u8,
+}
+
+enum Outcome {
+    Done(i32),
+    Resend,
+    TimedOut,
+}
+
+pub(super) fn errno_err(e: i32, what: &str) -> io::Error {
+    let os = io::Error::from_raw_os_error(e);
+    io::Error::new(os.kind(), format!("NBD {what}: the server answered {os}"))
+}
+
+pub(crate) fn lost_err() -> io::Error {
+    io::Error::other("NBD server lost its memory (restarted): every slot on it is gone")
+}
+
+fn timed_out(what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("NBD {what}: no answer before the deadline"),
+    )
+}
+
+pub(super) fn be16(b: &[u8]) -> u16 {
+    u16::from_be_bytes(b[..2].try_into().unwrap())
+}
+pub(super) fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes(b[..4].try_into().unwrap())
+}
+pub(super) fn be64(b: &[u8]) -> u64 {
+    u64::from_be_bytes(b[..8].try_into().unwrap())
+}
+
+impl Client {
+    pub(crate) fn new(uri: NbdUri, need: u64, timeout: Duration, nconns: usize) -> Client {
+        Client {
+            uri,
+            need,
+            timeout,
+            header: [0; 40],
+            lost: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            conns: (0..nconns).map(|_| Conn::new()).collect(),
+            counters: Counters::default(),
+        }
+    }
+
+    fn get_slot(&self, c: &Conn, deadline: Instant) -> io::Result<usize> {
+        let mut f = c.free.lock();
+        while f.n == 0 {
+            if c.free_cv.wait_until(&mut f, deadline).timed_out() && f.n == 0 {
+                return Err(timed_out("request slot"));
+            }
+        }
+        f.n -= 1;
+        let i = f.idx[f.n] as usize;
+        drop(f);
+        let mut s = c.slots[i].st.lock();
+        s.gen = s.gen.wrapping_add(1);
+        s.phase = Phase::Ready;
+        Ok(i)
+    }
+
+    /// Sends the request of slot `i` (and `pages`, for a write) once the link
+    /// is up; the slot is then `InFlight`.
+    fn send(&self, c: &Conn, i: usize, pages: &[&[u8]], deadline: Instant) -> io::Result<()> {
+        let mut l = c.link.lock();
+        loop {
+            if self.lost.load(Ordering::Acquire) {
+                return Err(lost_err());
+            }
+            if l.up {
+                break;
+            }
+            if self.stop.load(Ordering::Acquire) {
+                return Err(io::Error::other("NBD device is going away"));
+            }
+            if c.link_cv.wait_until(&mut l, deadline).timed_out() && !l.up {
+                return Err(timed_out("reconnect"));
+            }
+        }
+        let h = {
+            let mut s = c.slots[i].st.lock();
+            s.phase = Phase::InFlight;
+            s.covered = 0;
+            s.err = 0;
+            let flags = if s.cmd == CMD_READ && l.df {
+                CMD_FLAG_DF
+            } else {
+                0
+            };
+            let cookie = (s.gen as u64) << 32 | i as u64;
+            request(flags, s.cmd, cookie, s.offset, s.len)
+        };
+        let fd = l.fd;
+        let iov = &mut l.iov.0;
+        iov[0] = libc::iovec {
+            iov_base: h.as_ptr() as *mut libc::c_void,
+            iov_len: h.len(),
+        };
+        for (v, p) in iov[1..].iter_mut().zip(pages) {
+            *v = libc::iovec {
+                iov_base: p.as_ptr() as *mut libc::c_void,
+                iov_len: p.len(),
+            };
+        }
+        let r = sendv_all(fd, &mut iov[..1 + pages.len()]);
+        drop(l);
+        if r.is_err() {
+            // The reader resets the connection and settles the slot.
+            c.shutdown();
+        }
+        Ok(())
+    }
+
+    fn wait(&self, c: &Conn, i: usize, deadline: Instant) -> Outcome {
+        let slot = &c.slots[i];
+        let mut s = slot.st.lock();
+        loop {
+            match s.phase {
+                Phase::Done => return Outcome::Done(s.err),
+                Phase::Resend => return Outcome::Resend,
+                Phase::InFlight | Phase::Receiving => {}
+                p => unreachable!("waiting on a slot in {p:?}"),
+            }
+            if slot.cv.wait_until(&mut s, deadline).timed_out() {
+                match s.phase {
+                    Phase::InFlight => {
+                        s.phase = Phase::Cancelled;
+                        drop(s);
+                        self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+                        c.shutdown();
+                        return Outcome::TimedOut;
+                    }
+                    // The reader is copying into our buffer: cut the socket so
+                    // that it fails or finishes now, and wait for it.
+                    Phase::Receiving => c.shutdown(),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Runs one request on connection `ci` (re-sending a read the reader
+    /// handed back) until it completes or `deadline` passes.
+    fn run(&self, ci: usize, req: Req, pages: &[&[u8]], deadline: Instant) -> io::Result<()> {
+        let Req {
+            cmd,
+            offset,
+            len,
+            buf,
+        } = req;
+        let what = match cmd {
+            CMD_READ => "read",
+            CMD_WRITE => "write",
+            _ => "trim",
+        };
+        let c = &self.conns[ci];
+        let i = self.get_slot(c, deadline)?;
+        {
+            let mut s = c.slots[i].st.lock();
+            s.cmd = cmd;
+            s.offset = offset;
+            s.len = len as u32;
+            s.buf = BufPtr(buf);
+        }
+        loop {
+            if let Err(e) = self.send(c, i, pages, deadline) {
+                c.put_slot(i);
+                return Err(e);
+            }
+            match self.wait(c, i, deadline) {
+                Outcome::Done(e) => {
+                    c.put_slot(i);
+                    if e != 0 {
+                        self.counters.error_replies.fetch_add(1, Ordering::Relaxed);
+                        return Err(errno_err(e, what));
+                    }
+                    return Ok(());
+                }
+                Outcome::Resend => {
+                    self.counters.resent.fetch_add(1, Ordering::Relaxed);
+                }
+                Outcome::TimedOut => return Err(timed_out(what)),
+            }
+        }
+    }
+
+    /// Reads `buf.len()` bytes at export offset `offset` on connection `ci`.
+    pub(crate) fn read(&self, ci: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        let (len, buf) = (buf.len(), buf.as_mut_ptr());
+        let req = Req {
+            cmd: CMD_READ,
+            offset,
+            len,
+            buf,
+        };
+        self.run(ci, req, &[], deadline)
+    }
+
+    /// Writes `pages` (at most [`MAX_IOV_PAGES`]) contiguously at `offset`.
+    pub(crate) fn write(&self, ci: usize, offset: u64, pages: &[&[u8]]) -> io::Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        let len = pages.iter().map(|p| p.len()).sum();
+        let buf = std::ptr::null_mut();
+        let req = Req {
+            cmd: CMD_WRITE,
+            offset,
+            len,
+            buf,
+        };
+        self.run(ci, req, pages, deadline)
+    }
+
+    /// Trims `len` bytes at `offset`.
+    pub(crate) fn trim(&self, ci: usize, offset: u64, len: u32) -> io::Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        let (len, buf) = (len as usize, std::ptr::null_mut());
+        let req = Req {
+            cmd: CMD_TRIM,
+            offset,
+            len,
+            buf,
+        };
+        self.run(ci, req, &[], deadline)
+    }
+
+    /// Says goodbye on every connection and wakes every reader and waiter.
+    pub(crate) fn shutdown_all(&self) {
+        self.stop.store(true, Ordering::Release);
+        for c in self.conns.iter() {
+            let l = c.link.lock();
+            if l.up {
+                let h = request(0, CMD_DISC, 0, 0, 0);
+                let _ = send_all(l.fd, &h);
+            }
+            drop(l);
+            c.shutdown();
+            c.link_cv.notify_all();
+        }
+    }
+}
