@@ -46,6 +46,30 @@ fn wait_for(p: &Path, what: &str) {
     }
 }
 
+/// Waits until `sock` is listening. Its file appears at bind(2), before
+/// listen(2), so a swapon racing the server's start could be refused; a probe
+/// connection is no way to ask, as nbd-server without forking serves only one
+/// client. /proc/net/unix shows the listening flag (`__SO_ACCEPTCON`).
+fn wait_listening(sock: &Path, what: &str) {
+    let path = sock.to_str().unwrap();
+    let t0 = Instant::now();
+    loop {
+        let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+        let listening = table.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() >= 8 && f[7] == path && f[3] == "00010000"
+        });
+        if listening || !Path::new("/proc/net/unix").exists() {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{what}: {path} is not listening"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 impl Server {
     /// nbdkit with `args` (filters, plugin, parameters) on `dir/name.sock`.
     pub fn nbdkit(dir: &Path, name: &str, args: &[&str]) -> Server {
@@ -152,6 +176,7 @@ impl Server {
             None => wait_for(&self.sock, &self.cmd[0]),
         }
         wait_for(&self.sock, &self.cmd[0]);
+        wait_listening(&self.sock, &self.cmd[0]);
     }
 
     /// Stops the server by its pid and removes its socket.
