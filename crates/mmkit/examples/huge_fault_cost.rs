@@ -7,7 +7,9 @@
 //! - `order-nt`: the fault's clearing order (`ChunkedClear::clear_huge_page`,
 //!   streaming stores, the window around the faulting sub-page last with
 //!   `rep stosb`) on the same buffer, without and with the hot-line prefetch
-//!   (`order-nt-hot`) a sparse first touch asks for;
+//!   (`order-nt-hot`) a sparse first touch asks for, and with that prefetch and
+//!   a window of the faulting sub-page alone (`order-sparse`, what a sparse
+//!   first touch gets);
 //! - `fault-nt`, `fault-auto`: mmkit huge faults (`touch` of each 2 MiB of a
 //!   HUGE mapping), explicit streaming stores and `Auto` (the calibrated plan).
 //!
@@ -91,7 +93,14 @@ fn main() {
     eprintln!("plan: {:?}", m_auto);
     let (s_nt, s_auto) = (m_nt.new_space().unwrap(), m_auto.new_space().unwrap());
     let order = ChunkedClear::new(ClearStrategy::NonTemporal);
-    let names = ["raw-nt", "order-nt", "order-nt-hot", "fault-nt", "fault-auto"];
+    let names = [
+        "raw-nt",
+        "order-nt",
+        "order-nt-hot",
+        "order-sparse",
+        "fault-nt",
+        "fault-auto",
+    ];
     let mut t: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     for _ in 0..rounds {
         // SAFETY (all three): each call clears the 2 MiB at p inside the buffer.
@@ -102,8 +111,12 @@ fn main() {
         t[2].push(pass_raw(buf, &|p| unsafe {
             order.with_hot(0, 1).clear_huge_page(p, 512, 0, &mut || {});
         }));
-        t[3].push(pass_fault(&s_nt));
-        t[4].push(pass_fault(&s_auto));
+        t[3].push(pass_raw(buf, &|p| unsafe {
+            let sparse = order.with_hot(0, 1).with_window_pages(1);
+            sparse.clear_huge_page(p, 512, 0, &mut || {});
+        }));
+        t[4].push(pass_fault(&s_nt));
+        t[5].push(pass_fault(&s_auto));
     }
     let per = (PASS / HPAGE) as f64;
     for (name, v) in names.iter().zip(&mut t) {

@@ -86,10 +86,15 @@ impl SpaceInner {
         let haddr = addr & !(PMD_SIZE - 1);
         let fault_index = ((addr - haddr) / PAGE) as usize;
         // A sparse first touch predicts sparse accesses at the same offset of the
-        // other sub-pages: their lines are prefetched after a streaming clear.
-        let hot = if len <= SPARSE_TOUCH_BYTES { len } else { 0 };
-        let clear = ChunkedClear::new(huge_clear_strategy(mm, vmf.vma))
-            .with_hot((addr % PAGE) as usize, hot);
+        // other sub-pages: their lines are prefetched after a streaming clear,
+        // and only the faulting sub-page is cleared last with cached stores (a
+        // window of neighbours, 32 KiB of reads for ownership, is for a dense
+        // touch, which goes on into them).
+        let sparse = len <= SPARSE_TOUCH_BYTES;
+        let mut clear = ChunkedClear::new(huge_clear_strategy(mm, vmf.vma));
+        if sparse {
+            clear = clear.with_hot((addr % PAGE) as usize, len).with_window_pages(1);
+        }
         // SAFETY: the block is ours (just allocated, not yet mapped): 512 * 4096
         // writable bytes inside the arena that nothing else references; the yield
         // function touches nothing.
