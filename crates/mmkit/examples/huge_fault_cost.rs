@@ -75,7 +75,10 @@ fn mm(clear: ClearStrategy) -> Mm {
 }
 
 fn main() {
-    if let Some(n) = std::env::var("FAULTS_ONLY").ok().and_then(|v| v.parse().ok()) {
+    if let Some(n) = std::env::var("FAULTS_ONLY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         let m = mm(ClearStrategy::NonTemporal);
         let space = m.new_space().unwrap();
         for _ in 0..n {

@@ -141,10 +141,7 @@ pub fn clear_plan() -> Result<ClearPlan, Error> {
 
 /// `text` (the environment's value, if any) over the plan `measured` gives;
 /// `cpuid` does not measure.
-fn plan_from(
-    text: Option<&str>,
-    measured: impl FnOnce() -> ClearPlan,
-) -> Result<ClearPlan, Error> {
+fn plan_from(text: Option<&str>, measured: impl FnOnce() -> ClearPlan) -> Result<ClearPlan, Error> {
     match text.map(str::trim) {
         None | Some("") => Ok(measured()),
         Some(t) if t.eq_ignore_ascii_case("cpuid") => Ok(ClearPlan::from_cpuid()),
@@ -260,7 +257,13 @@ fn calibrate() -> Option<ClearCalibration> {
     let batch = [m, nt].map(|s| fastest(&buf, || batches(&buf, s)) / per_page);
     let reuse = [m, nt].map(|s| fastest(&buf, || reuse(&buf, s)) / 1000.0);
     drop(buf);
-    Some(choose(huge, gigantic, batch, reuse, t0.elapsed().as_micros() as u64))
+    Some(choose(
+        huge,
+        gigantic,
+        batch,
+        reuse,
+        t0.elapsed().as_micros() as u64,
+    ))
 }
 
 /// The plan from the figures: the faster kernel of each pair (rates: higher
@@ -337,7 +340,13 @@ mod tests {
         assert_eq!(c.plan.gigantic, ClearStrategy::NonTemporal);
         assert_eq!(c.plan.batch, ClearStrategy::NonTemporal);
         assert_eq!(c.plan.cached_upto, HUGE_BYTES);
-        let c = choose([30.0, 20.0], [30.0, 20.0], [100.0, 150.0], [300.0, 200.0], 1);
+        let c = choose(
+            [30.0, 20.0],
+            [30.0, 20.0],
+            [100.0, 150.0],
+            [300.0, 200.0],
+            1,
+        );
         assert_eq!(c.plan.huge, ClearStrategy::MultiPage);
         assert_eq!(c.plan.gigantic, ClearStrategy::MultiPage);
         assert_eq!(c.plan.batch, ClearStrategy::MultiPage);

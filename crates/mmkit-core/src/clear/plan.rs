@@ -282,8 +282,8 @@ mod tests {
     #[test]
     fn parse_round_trips_and_refuses_bad_text() {
         let base = ClearPlan::from_cpuid();
-        let p = ClearPlan::parse(base, "huge=multi-page, batch=non-temporal cached_upto=8M")
-            .unwrap();
+        let p =
+            ClearPlan::parse(base, "huge=multi-page, batch=non-temporal cached_upto=8M").unwrap();
         assert_eq!(p.huge, ClearStrategy::MultiPage);
         assert_eq!(p.gigantic, base.gigantic);
         assert_eq!(p.batch, ClearStrategy::NonTemporal);
@@ -304,7 +304,10 @@ mod tests {
             ClearPlan::parse(base, "window=3"),
             Err(BadClearPlan::UnknownKey)
         );
-        assert_eq!(ClearPlan::parse(base, "huge"), Err(BadClearPlan::UnknownKey));
+        assert_eq!(
+            ClearPlan::parse(base, "huge"),
+            Err(BadClearPlan::UnknownKey)
+        );
         assert_eq!(
             ClearPlan::parse(base, "cached_upto=lots"),
             Err(BadClearPlan::BadSize)

@@ -93,7 +93,9 @@ impl SpaceInner {
         let sparse = len <= SPARSE_TOUCH_BYTES;
         let mut clear = ChunkedClear::new(huge_clear_strategy(mm, vmf.vma));
         if sparse {
-            clear = clear.with_hot((addr % PAGE) as usize, len).with_window_pages(1);
+            clear = clear
+                .with_hot((addr % PAGE) as usize, len)
+                .with_window_pages(1);
         }
         // SAFETY: the block is ours (just allocated, not yet mapped): 512 * 4096
         // writable bytes inside the arena that nothing else references; the yield
