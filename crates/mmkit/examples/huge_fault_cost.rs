@@ -105,19 +105,28 @@ fn main() {
         "fault-auto",
     ];
     let mut t: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
-    for _ in 0..rounds {
-        // SAFETY (all three): each call clears the 2 MiB at p inside the buffer.
-        t[0].push(pass_raw(buf, &|p| unsafe { clear_pages_nt(p, HPAGE, nt) }));
-        t[1].push(pass_raw(buf, &|p| unsafe {
+    let sparse = order.with_hot(0, 1).with_window_pages(1);
+    let kinds: [&dyn Fn(*mut u8); 4] = [
+        // SAFETY: `pass_raw` gives each call the 2 MiB at p, inside the
+        // buffer, which is ours and nothing refers into (all four).
+        &|p| unsafe { clear_pages_nt(p, HPAGE, nt) },
+        // SAFETY: as above.
+        &|p| unsafe {
             order.clear_huge_page(p, 512, 0, &mut || {});
-        }));
-        t[2].push(pass_raw(buf, &|p| unsafe {
+        },
+        // SAFETY: as above.
+        &|p| unsafe {
             order.with_hot(0, 1).clear_huge_page(p, 512, 0, &mut || {});
-        }));
-        t[3].push(pass_raw(buf, &|p| unsafe {
-            let sparse = order.with_hot(0, 1).with_window_pages(1);
+        },
+        // SAFETY: as above.
+        &|p| unsafe {
             sparse.clear_huge_page(p, 512, 0, &mut || {});
-        }));
+        },
+    ];
+    for _ in 0..rounds {
+        for (i, k) in kinds.iter().enumerate() {
+            t[i].push(pass_raw(buf, *k));
+        }
         t[4].push(pass_fault(&s_nt));
         t[5].push(pass_fault(&s_auto));
     }

@@ -407,6 +407,22 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn flush_changes_no_byte() {
+        let mut a = Aligned::new(3 * PAGE_SIZE, 0);
+        let buf = a.buf();
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        // SAFETY: every range lies inside the buffer; a zero length is a no-op.
+        unsafe {
+            flush_cache_range(buf.as_ptr().add(5), 2 * PAGE_SIZE + 100);
+            flush_cache_range(buf.as_ptr(), 0);
+            flush_cache_range(buf.as_ptr().add(63), 2);
+        }
+        assert!(buf.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+    }
+
+    #[test]
     fn clear_page_single() {
         for off in [0usize, 1, 8, 64] {
             let mut a = Aligned::new(3 * PAGE_SIZE, 0xAA);
