@@ -20,8 +20,9 @@
 //! The rule was wrong by 2x there, and no CPUID field says so; a few milliseconds
 //! of clearing say it directly. The calibration runs once per process (the first
 //! `Mm` build, or the first call of [`clear_calibration`]), on a 4 MiB buffer of
-//! its own, and takes the fastest of three repetitions of each measurement (the
-//! machine may be busy):
+//! its own, and takes the faster of two runs of each measurement (the
+//! machine may be busy). It clears and writes back about 60 MiB: a few
+//! milliseconds of CPU time (`cpu_us` in [`ClearCalibration`]):
 //!
 //! - `huge`: `rep stosb` against streaming stores clearing the buffer in 2 MiB
 //!   calls, each timed from cold lines through the write-back of what it left
@@ -75,7 +76,7 @@ const HUGE_BYTES: usize = 2 << 20;
 /// Pages per fault-around batch measured (mmkit's default fault-around).
 const BATCH_PAGES: usize = 16;
 /// Repetitions of each measurement (the fastest counts).
-const REPS: usize = 3;
+const REPS: usize = 2;
 
 /// What the calibration measured and what it chose.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -93,8 +94,12 @@ pub struct ClearCalibration {
     /// 2 MiB cleared then written line by line: us with `rep stosb` and with
     /// streaming stores.
     pub reuse_us: [f64; 2],
-    /// Time the whole calibration took (buffer set-up included), us.
+    /// Time the whole calibration took (buffer set-up included), us: wall
+    /// clock, and the calibrating thread's CPU time (what it costs on a host
+    /// busy with other work, where the wall clock also counts waiting).
     pub elapsed_us: u64,
+    /// See `elapsed_us`.
+    pub cpu_us: u64,
 }
 
 impl std::fmt::Display for ClearCalibration {
@@ -102,7 +107,7 @@ impl std::fmt::Display for ClearCalibration {
         write!(
             f,
             "{} (stosb/nt: huge {:.1}/{:.1} GB/s, gigantic {:.1}/{:.1} GB/s, batch \
-             {:.0}/{:.0} ns/page, reuse {:.0}/{:.0} us; {} us)",
+             {:.0}/{:.0} ns/page, reuse {:.0}/{:.0} us; {} us, cpu {} us)",
             self.plan,
             self.huge_gbs[0],
             self.huge_gbs[1],
@@ -112,7 +117,8 @@ impl std::fmt::Display for ClearCalibration {
             self.batch_ns[1],
             self.reuse_us[0],
             self.reuse_us[1],
-            self.elapsed_us
+            self.elapsed_us,
+            self.cpu_us
         )
     }
 }
@@ -194,18 +200,17 @@ impl Drop for Buf {
     }
 }
 
-/// The fastest of `REPS` runs of `f`, each from cold lines (the buffer flushed,
-/// untimed), in ns.
-fn fastest(buf: &Buf, mut f: impl FnMut()) -> f64 {
-    (0..REPS)
-        .map(|_| {
-            // SAFETY: the buffer is mapped for CAL_BYTES.
-            unsafe { flush_cache_range(buf.p, CAL_BYTES) };
-            let t0 = Instant::now();
-            f();
-            t0.elapsed().as_nanos() as f64
-        })
-        .fold(f64::INFINITY, f64::min)
+/// The fastest of `REPS` runs of `f`, in ns. Every measured function leaves the
+/// buffer's lines written back and uncached, so the next run starts cold.
+fn fastest(mut f: impl FnMut() -> f64) -> f64 {
+    (0..REPS).map(|_| f()).fold(f64::INFINITY, f64::min)
+}
+
+/// ns that `f` took.
+fn timed(f: impl FnOnce()) -> f64 {
+    let t0 = Instant::now();
+    f();
+    t0.elapsed().as_nanos() as f64
 }
 
 /// Clear the buffer with `s` in calls of `call` bytes, then write back what is
@@ -236,34 +241,54 @@ fn batches(buf: &Buf, s: ClearStrategy) {
     unsafe { flush_cache_range(buf.p, CAL_BYTES) };
 }
 
-/// `HUGE_BYTES` cleared with `s`, then one store per cache line.
-fn reuse(buf: &Buf, s: ClearStrategy) {
-    // SAFETY: HUGE_BYTES <= CAL_BYTES; the buffer is ours.
-    unsafe { clear_pages_with(buf.p, HUGE_BYTES, s) };
-    for off in (0..HUGE_BYTES).step_by(64) {
-        // SAFETY: inside the buffer.
-        unsafe { buf.p.add(off).write_volatile(1) };
-    }
+/// `HUGE_BYTES` cleared with `s`, then one store per cache line: ns (the
+/// write-back afterwards is not timed: cached zeroes are meant to be used in
+/// the cache).
+fn reuse(buf: &Buf, s: ClearStrategy) -> f64 {
+    let ns = timed(|| {
+        // SAFETY: HUGE_BYTES <= CAL_BYTES; the buffer is ours.
+        unsafe { clear_pages_with(buf.p, HUGE_BYTES, s) };
+        for off in (0..HUGE_BYTES).step_by(64) {
+            // SAFETY: inside the buffer.
+            unsafe { buf.p.add(off).write_volatile(1) };
+        }
+    });
+    // SAFETY: the buffer is mapped for CAL_BYTES.
+    unsafe { flush_cache_range(buf.p, HUGE_BYTES) };
+    ns
+}
+
+/// CPU time of the calling thread, us.
+fn thread_cpu_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; the clock id exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
 }
 
 fn calibrate() -> Option<ClearCalibration> {
-    let t0 = Instant::now();
+    let (t0, cpu0) = (Instant::now(), thread_cpu_us());
     let buf = Buf::new(CAL_BYTES)?;
     let (m, nt) = (ClearStrategy::MultiPage, ClearStrategy::NonTemporal);
     let gbs = |ns: f64| CAL_BYTES as f64 / ns;
-    let huge = [m, nt].map(|s| gbs(fastest(&buf, || stream(&buf, s, HUGE_BYTES))));
-    let gigantic = [m, nt].map(|s| gbs(fastest(&buf, || stream(&buf, s, CAL_BYTES))));
+    let huge = [m, nt].map(|s| gbs(fastest(|| timed(|| stream(&buf, s, HUGE_BYTES)))));
+    let gigantic = [m, nt].map(|s| gbs(fastest(|| timed(|| stream(&buf, s, CAL_BYTES)))));
     let per_page = (CAL_BYTES / PAGE_SIZE) as f64;
-    let batch = [m, nt].map(|s| fastest(&buf, || batches(&buf, s)) / per_page);
-    let reuse = [m, nt].map(|s| fastest(&buf, || reuse(&buf, s)) / 1000.0);
+    let batch = [m, nt].map(|s| fastest(|| timed(|| batches(&buf, s))) / per_page);
+    let reuse = [m, nt].map(|s| fastest(|| reuse(&buf, s)) / 1000.0);
     drop(buf);
-    Some(choose(
+    let mut c = choose(
         huge,
         gigantic,
         batch,
         reuse,
         t0.elapsed().as_micros() as u64,
-    ))
+    );
+    c.cpu_us = thread_cpu_us().saturating_sub(cpu0);
+    Some(c)
 }
 
 /// The plan from the figures: the faster kernel of each pair (rates: higher
@@ -301,6 +326,7 @@ fn choose(
         batch_ns,
         reuse_us,
         elapsed_us,
+        cpu_us: 0,
     }
 }
 
