@@ -380,6 +380,50 @@ mod tests {
     }
 
     #[test]
+    fn builder_override_wins_and_bad_plans_are_refused() {
+        let want = ClearPlan {
+            huge: ClearStrategy::MultiPage,
+            gigantic: ClearStrategy::PageAtATime,
+            batch: ClearStrategy::MultiPage,
+            cached_upto: 12345,
+            source: PlanSource::Measured,
+        };
+        let mm = crate::Mm::builder()
+            .memory(8 << 20)
+            .clear_plan(want)
+            .build()
+            .unwrap();
+        let got = mm.clear_plan();
+        assert_eq!(got.source, PlanSource::Override);
+        assert_eq!(
+            ClearPlan {
+                source: PlanSource::Measured,
+                ..got
+            },
+            want
+        );
+        assert_eq!(
+            got.resolve(ClearStrategy::Auto, 1 << 30),
+            ClearStrategy::PageAtATime
+        );
+        let dbg = format!("{mm:?}");
+        assert!(
+            dbg.contains("huge=multi-page") && dbg.contains("source=override"),
+            "{dbg}"
+        );
+        let bad = ClearPlan {
+            huge: ClearStrategy::Auto,
+            ..want
+        };
+        let e = crate::Mm::builder()
+            .memory(8 << 20)
+            .clear_plan(bad)
+            .build()
+            .unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "{e}");
+    }
+
+    #[test]
     fn environment_override_wins() {
         let measured = || ClearPlan {
             huge: ClearStrategy::NonTemporal,
