@@ -20,7 +20,10 @@ use crate::compaction::{self, CompactConfig};
 use crate::kthread::Kthread;
 use crate::numa_balancing::{self, ScanParams, ScanPolicy, ScanTrigger};
 use crate::swapfile::SwapDevices;
-use crate::{arena, numa, platform, ClearStrategy, Error, Mm, MmInner, StdPlatform, Topology};
+use crate::{
+    arena, numa, platform, ClearPlan, ClearStrategy, Error, Mm, MmInner, PlanSource, StdPlatform,
+    Topology,
+};
 use crate::{SwapAllocPolicy, SwapCacheIndex, SwapFreePolicy, SwapReadahead};
 
 /// The named policy sets the lab compares.
@@ -192,6 +195,7 @@ pub struct MmBuilder {
     hugetlb: bool,
     prefault: bool,
     clear: ClearStrategy,
+    clear_plan: Option<ClearPlan>,
     fault_around: usize,
     compact: CompactConfig,
     topology: Option<Topology>,
@@ -231,6 +235,7 @@ impl MmBuilder {
             hugetlb: false,
             prefault: false,
             clear: ClearStrategy::Auto,
+            clear_plan: None,
             fault_around: Variant::Mmkit.fault_around(),
             compact: CompactConfig::default(),
             topology: None,
@@ -399,6 +404,17 @@ impl MmBuilder {
         self.clear = c;
         self
     }
+    /// What [`ClearStrategy::Auto`] runs where, instead of the plan calibrated
+    /// on this host (or given by `MMKIT_CLEAR_PLAN`; see
+    /// [`clear_calibration`](crate::clear_calibration)). The plan's source
+    /// becomes `Override`; a plan whose kernels are `Auto` is refused at build.
+    pub fn clear_plan(mut self, plan: ClearPlan) -> Self {
+        self.clear_plan = Some(ClearPlan {
+            source: PlanSource::Override,
+            ..plan
+        });
+        self
+    }
     /// Fault the whole arena in at build time.
     pub fn prefault(mut self, on: bool) -> Self {
         self.prefault = on;
@@ -430,6 +446,18 @@ impl MmBuilder {
                 "memory {len} bytes is below the 2 MiB minimum (one pageblock)"
             )));
         }
+        let clear_plan = match self.clear_plan {
+            Some(p) if !p.is_valid() => {
+                return Err(Error::Config(format!(
+                    "clear plan {p}: a kernel is auto; use page-at-a-time, multi-page or \
+                     non-temporal"
+                )))
+            }
+            Some(p) => p,
+            None if self.clear == ClearStrategy::Auto => crate::calibrate::clear_plan()?,
+            // An explicit strategy never consults the plan: do not measure for it.
+            None => ClearPlan::from_cpuid(),
+        };
         let arena = arena::Arena::new(len, self.hugetlb, self.prefault)
             .map_err(|e| Error::Arena(format!("mmap of {len} bytes failed: {e}")))?;
         let topology = self.topology.clone().unwrap_or_else(Topology::host);
@@ -460,6 +488,7 @@ impl MmBuilder {
             alloc,
             arena,
             clear: self.clear,
+            clear_plan,
             fault_around: self.fault_around,
             vmstat: Kthread::new(),
             compact: self.compact,

@@ -34,6 +34,7 @@ pub struct ApiContract;
 
 mod arena;
 mod builder;
+mod calibrate;
 mod compaction;
 mod error;
 mod kswapd;
@@ -64,11 +65,12 @@ use std::sync::Arc;
 
 pub use arena::Backing;
 pub use builder::{MmBuilder, Variant};
+pub use calibrate::{clear_calibration, clear_plan, ClearCalibration, CLEAR_PLAN_ENV};
 pub use compaction::CompactSummary;
 pub use error::Error;
 pub use mempolicy::{MbindFlags, MemPolicy, MempolicyError, Placement};
 pub use mmkit_core;
-pub use mmkit_core::clear::ClearStrategy;
+pub use mmkit_core::clear::{ClearPlan, ClearStrategy, PlanSource};
 pub use mmkit_core::node::{Distances, NodeMask};
 pub use mmkit_core::{
     CompactPriority, CompactResult, CompactStats, Config, Gfp, LockStats, MergePolicy, MigrateType,
@@ -106,6 +108,8 @@ struct MmInner {
     alloc: PageAlloc<StdPlatform>,
     arena: arena::Arena,
     clear: ClearStrategy,
+    /// What `Auto` runs where (`calibrate.rs`).
+    clear_plan: ClearPlan,
     fault_around: usize,
     /// The vmstat worker (started under auto-tuned per-CPU `high` only).
     vmstat: Kthread<()>,
@@ -140,6 +144,7 @@ struct MmInner {
 }
 
 /// A memory manager over one arena. Cheap to clone; clones share the allocator.
+/// Its debug view shows the arena, the nodes and how pages are cleared.
 #[derive(Clone)]
 pub struct Mm {
     inner: Arc<MmInner>,
@@ -224,7 +229,9 @@ impl Mm {
                         mmkit_core::clear::clear_pages_with(
                             self.page_address(pfn),
                             PAGE_SIZE << order,
-                            self.inner.clear,
+                            self.inner
+                                .clear_plan
+                                .resolve(self.inner.clear, PAGE_SIZE << order),
                         )
                     };
                 }
@@ -397,6 +404,14 @@ impl Mm {
     /// The clearing strategy in force.
     pub fn clear_strategy(&self) -> ClearStrategy {
         self.inner.clear
+    }
+
+    /// What [`ClearStrategy::Auto`] runs for huge pages, 1 GiB extents and
+    /// fault-around batches in this `Mm`: calibrated on the running host at the
+    /// first build of the process, unless overridden (see [`clear_calibration`]).
+    #[inline]
+    pub fn clear_plan(&self) -> ClearPlan {
+        self.inner.clear_plan
     }
 
     /// Pages a fault on an order-0 mapping populates at most (1: fault-around off).

@@ -1,5 +1,5 @@
 //! Text views shaped like `/proc/buddyinfo`, `/proc/pagetypeinfo`, `/proc/vmstat`,
-//! `/proc/meminfo` and `/proc/swaps`.
+//! `/proc/meminfo` and `/proc/swaps`, and `Mm`'s debug view.
 
 use std::fmt::Write;
 
@@ -171,4 +171,20 @@ pub(crate) fn proc_swaps(info: &[SwapInfo]) -> String {
         );
     }
     s
+}
+
+impl std::fmt::Debug for Mm {
+    /// The arena, the nodes, the free pages and how pages are cleared (the
+    /// strategy and the plan `Auto` follows: what the calibration chose on this
+    /// host, or the override).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mm")
+            .field("memory_bytes", &self.inner.arena.len())
+            .field("nr_nodes", &self.nr_nodes())
+            .field("nr_free_pages", &self.nr_free_pages())
+            .field("clear", &self.clear_strategy())
+            .field("clear_plan", &format_args!("{}", self.clear_plan()))
+            .field("fault_around", &self.fault_around())
+            .finish_non_exhaustive()
+    }
 }

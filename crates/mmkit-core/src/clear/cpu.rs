@@ -181,13 +181,20 @@ pub(super) fn has_erms() -> bool {
     cpu_clear_caps().erms
 }
 
+/// `clflushopt` (`CPUID.7.0:EBX[23]`); not cached (CPUID again on each call:
+/// callers flush whole buffers, not lines).
+#[cfg(target_arch = "x86_64")]
+pub(super) fn has_clflushopt() -> bool {
+    x86::cpuid(0, 0).eax >= 7 && x86::cpuid(7, 0).ebx & (1 << 23) != 0
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{ClearCaps, NtKind, DEFAULT_LLC_BYTES};
     use core::arch::asm;
     use core::arch::x86_64::{__cpuid_count, CpuidResult};
 
-    fn cpuid(leaf: u32, sub: u32) -> CpuidResult {
+    pub(super) fn cpuid(leaf: u32, sub: u32) -> CpuidResult {
         // `__cpuid_count` is an unsafe fn before Rust 1.87 (the workspace's MSRV is
         // older) and a safe one after; the block serves the older compilers.
         #[allow(unused_unsafe)]

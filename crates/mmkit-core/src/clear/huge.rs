@@ -104,6 +104,13 @@ impl ChunkedClear {
         self
     }
 
+    /// The same with another window (sub-pages cleared last with temporal
+    /// stores; 0 counts as 1).
+    pub const fn with_window_pages(mut self, window_pages: usize) -> Self {
+        self.window_pages = window_pages;
+        self
+    }
+
     /// The same with another chunk size (0: the default).
     pub const fn with_chunk_bytes(mut self, chunk_bytes: usize) -> Self {
         self.chunk_bytes = chunk_bytes;
@@ -538,6 +545,7 @@ mod tests {
                     // Hot lines (prefetched after streaming stores) change nothing.
                     let c = ChunkedClear::new(s)
                         .with_chunk_bytes(chunk)
+                        .with_window_pages(fault % 9)
                         .with_hot(hot.start, hot.len());
                     // SAFETY: NR sub-pages starting one page in lie inside the buffer.
                     let yields = unsafe {

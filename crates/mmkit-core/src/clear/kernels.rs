@@ -75,6 +75,31 @@ mod x86 {
         unsafe { asm!("prefetchw [{}]", in(reg) p, options(nostack, preserves_flags, readonly)) }
     }
 
+    /// Write back and evict the cache lines covering `[p, p + len)`
+    /// (`clflushopt` when `opt`, else `clflush`), then `sfence`.
+    ///
+    /// # Safety
+    /// `[p, p + len)` must be mapped (a flush of an unmapped address faults); with
+    /// `opt` the CPU must have `clflushopt`.
+    pub(super) unsafe fn flush_lines(p: *const u8, len: usize, opt: bool) {
+        let start = (p as usize) & !63;
+        let end = p as usize + len;
+        let mut a = start;
+        while a < end {
+            // SAFETY: the line at `a` overlaps [p, p + len), which the caller
+            // says is mapped; a flush changes no data, only where it lives.
+            unsafe {
+                if opt {
+                    asm!("clflushopt [{}]", in(reg) a, options(nostack, preserves_flags));
+                } else {
+                    asm!("clflush [{}]", in(reg) a, options(nostack, preserves_flags));
+                }
+            }
+            a += 64;
+        }
+        sfence();
+    }
+
     /// SSE2 streaming stores over `[p, p + len)`.
     ///
     /// # Safety
@@ -345,6 +370,24 @@ unsafe fn clear_nt_unfenced(p: *mut u8, len: usize, kind: NtKind) {
 unsafe fn clear_nt_streaming(p: *mut u8, len: usize, _kind: NtKind) {
     // SAFETY: forwarded from the caller.
     unsafe { clear_multi(p, len) }
+}
+
+/// Writes back and evicts from every cache level the lines covering
+/// `[p, p + len)` (for measurements that need cold lines; nothing off x86_64).
+///
+/// # Safety
+/// `[p, p + len)` must be mapped.
+pub(super) unsafe fn flush_cache_range(p: *const u8, len: usize) {
+    if len == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: forwarded from the caller; `clflushopt` only where CPUID has it.
+    unsafe {
+        x86::flush_lines(p, len, super::cpu::has_clflushopt())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// Prefetches for writing the cache lines of the 4 KiB page at `page` that cover

@@ -42,7 +42,10 @@
 //!   the LLC size) from CPUID, once, cached in one atomic word ([`cpu_clear_caps`]);
 //! - `kernels.rs`: the kernels themselves (`rep stosb`, `rep stosq`, streaming
 //!   stores) and the dispatch from a strategy to one of them;
-//! - `huge.rs`: chunked clearing with yield points and the huge-page clearing order.
+//! - `huge.rs`: chunked clearing with yield points and the huge-page clearing order;
+//! - `plan.rs`: what `Auto` runs for huge pages, 1 GiB extents and fault-around
+//!   batches, as data ([`ClearPlan`]): the environment measures (mmkit's std crate
+//!   calibrates on the running host), the core only applies the decision.
 //!
 //! On architectures other than x86_64 every kernel is `core::ptr::write_bytes`.
 //!
@@ -56,6 +59,7 @@
 mod cpu;
 mod huge;
 mod kernels;
+mod plan;
 
 use core::fmt;
 use core::ops::Range;
@@ -65,6 +69,8 @@ pub use huge::{
     clear_chunked_timed, ChunkedClear, ChunkedClearStats, DEFAULT_CLEAR_CHUNK, FAULT_WINDOW_PAGES,
     HOT_PREFETCH_PAGES,
 };
+
+pub use plan::{BadClearPlan, ClearPlan, PlanSource, GIGANTIC_BYTES};
 
 use crate::page::PAGE_SIZE;
 use kernels::{clear_nt, clear_one_page, Kernel};
@@ -83,9 +89,13 @@ pub enum ClearStrategy {
     MultiPage,
     /// Streaming (cache-bypassing) stores and an `sfence`.
     NonTemporal,
-    /// `MultiPage` up to the LLC size, `NonTemporal` above it. (mmkit's fault
-    /// path also clears the fault-around batch of a sparse first touch with
-    /// `NonTemporal`, through [`clear_page_batch`].)
+    /// What a [`ClearPlan`] says for the size of the operation: cached stores up
+    /// to its `cached_upto`, its `huge` or `gigantic` kernel above, its `batch`
+    /// kernel for the fault-around batch of a sparse first touch. mmkit's `Mm`
+    /// applies the plan its build calibrated on the running host (see
+    /// `mmkit::clear_calibration`); [`resolve`](Self::resolve), without a plan,
+    /// applies [`ClearPlan::from_cpuid`]: `MultiPage` up to the LLC size CPUID
+    /// reports, `NonTemporal` above it.
     #[default]
     Auto,
 }
@@ -117,8 +127,10 @@ impl ClearStrategy {
             .find(|s| s.name().eq_ignore_ascii_case(name))
     }
 
-    /// What this strategy does for an operation of `len` bytes on this CPU: `Auto`
-    /// becomes `MultiPage` or `NonTemporal`, the others stay as they are.
+    /// What this strategy does for an operation of `len` bytes on this CPU under
+    /// the fixed CPUID rule ([`ClearPlan::from_cpuid`]): `Auto` becomes
+    /// `MultiPage` or `NonTemporal`, the others stay as they are. An `Mm`
+    /// resolves through its own plan instead ([`ClearPlan::resolve`]).
     pub fn resolve(self, len: usize) -> ClearStrategy {
         match self {
             ClearStrategy::Auto if len > cpu_clear_caps().llc_bytes => ClearStrategy::NonTemporal,
@@ -228,6 +240,18 @@ where
 pub unsafe fn clear_pages_nt(p: *mut u8, len: usize, kind: NtKind) {
     // SAFETY: forwarded from the caller.
     unsafe { clear_nt(p, len, kind) }
+}
+
+/// Write back and evict the cache lines covering `[p, p + len)` from every
+/// level (`clflushopt`, else `clflush`; nothing off x86_64): for measurements
+/// of clearing that must start from cold lines and pay for the write-back of
+/// what they leave dirty. The bytes do not change.
+///
+/// # Safety
+/// `[p, p + len)` must be mapped (readable); with `len == 0` nothing is accessed.
+pub unsafe fn flush_cache_range(p: *const u8, len: usize) {
+    // SAFETY: forwarded from the caller.
+    unsafe { kernels::flush_cache_range(p, len) }
 }
 
 #[cfg(test)]
@@ -380,6 +404,22 @@ pub(super) mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn flush_changes_no_byte() {
+        let mut a = Aligned::new(3 * PAGE_SIZE, 0);
+        let buf = a.buf();
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        // SAFETY: every range lies inside the buffer; a zero length is a no-op.
+        unsafe {
+            flush_cache_range(buf.as_ptr().add(5), 2 * PAGE_SIZE + 100);
+            flush_cache_range(buf.as_ptr(), 0);
+            flush_cache_range(buf.as_ptr().add(63), 2);
+        }
+        assert!(buf.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
     }
 
     #[test]

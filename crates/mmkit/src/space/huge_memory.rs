@@ -38,14 +38,17 @@ use crate::pgtable::{
 use crate::{rmap, Gfp, Mm, Pfn};
 
 /// The clearing strategy for a huge-page fault in `vma`. `Auto` decides by the
-/// extent being populated, the mapping, not by the one 2 MiB page: faults that
-/// stream through more than the last-level cache clear with non-temporal stores,
-/// so they neither evict the working set nor pay for allocating lines that will be
-/// evicted before they are read (the window around the faulting sub-page is still
-/// cleared last with cached stores, see `clear_huge_page`); a huge mapping that fits
-/// in the cache is cleared with `rep stosb`.
-fn huge_clear_strategy(s: ClearStrategy, vma: &Vma) -> ClearStrategy {
-    s.resolve((vma.end - vma.start) as usize)
+/// extent being populated, the mapping, not by the one 2 MiB page, through the
+/// `Mm`'s calibrated plan (`calibrate.rs`): a mapping up to the plan's
+/// `cached_upto` is cleared with `rep stosb`, a larger one with the kernel the
+/// host measured fastest for huge pages (or for 1 GiB extents, from 1 GiB):
+/// on the hosts measured so far, streaming stores, which neither evict the
+/// working set nor pay for allocating lines that are evicted before they are
+/// read. The window around the faulting sub-page is still cleared last with
+/// cached stores (see `clear_huge_page`).
+fn huge_clear_strategy(mm: &Mm, vma: &Vma) -> ClearStrategy {
+    mm.clear_plan()
+        .resolve(mm.clear_strategy(), (vma.end - vma.start) as usize)
 }
 
 impl Vma {
@@ -83,10 +86,17 @@ impl SpaceInner {
         let haddr = addr & !(PMD_SIZE - 1);
         let fault_index = ((addr - haddr) / PAGE) as usize;
         // A sparse first touch predicts sparse accesses at the same offset of the
-        // other sub-pages: their lines are prefetched after a streaming clear.
-        let hot = if len <= SPARSE_TOUCH_BYTES { len } else { 0 };
-        let clear = ChunkedClear::new(huge_clear_strategy(mm.clear_strategy(), vmf.vma))
-            .with_hot((addr % PAGE) as usize, hot);
+        // other sub-pages: their lines are prefetched after a streaming clear,
+        // and only the faulting sub-page is cleared last with cached stores (a
+        // window of neighbours, 32 KiB of reads for ownership, is for a dense
+        // touch, which goes on into them).
+        let sparse = len <= SPARSE_TOUCH_BYTES;
+        let mut clear = ChunkedClear::new(huge_clear_strategy(mm, vmf.vma));
+        if sparse {
+            clear = clear
+                .with_hot((addr % PAGE) as usize, len)
+                .with_window_pages(1);
+        }
         // SAFETY: the block is ours (just allocated, not yet mapped): 512 * 4096
         // writable bytes inside the arena that nothing else references; the yield
         // function touches nothing.

@@ -177,7 +177,9 @@ impl SpaceInner {
     /// access covers more than [`SPARSE_TOUCH_BYTES`] of its page (a loop that
     /// fills each page, like anon_w_seq, reads its zeroes back at once, so cached
     /// stores pay their read for ownership once). When it is sparse (page_fault1:
-    /// a byte per page), streaming stores, with one `sfence` for the batch: they
+    /// a byte per page), the `batch` kernel of the `Mm`'s calibrated plan
+    /// (`calibrate.rs`), on the hosts measured so far streaming stores, with one
+    /// `sfence` for the batch: they
     /// skip the read for ownership of every line, which makes a 4 KiB clear
     /// 1.5-2x cheaper here, and the zeroes a sparse loop never reads would only
     /// evict its working set. After the fence, the cache lines the faulting access
@@ -214,11 +216,11 @@ impl SpaceInner {
             n = 1;
         }
         let off = (addr % PAGE) as usize;
-        let (strategy, hot) = match mm.clear_strategy() {
-            ClearStrategy::Auto if len <= SPARSE_TOUCH_BYTES => {
-                (ClearStrategy::NonTemporal, off..(off + len).min(PAGE_SIZE))
-            }
-            s => (s, 0..0),
+        let sparse = len <= SPARSE_TOUCH_BYTES;
+        let strategy = mm.clear_plan().resolve_batch(mm.clear_strategy(), sparse);
+        let hot = match mm.clear_strategy() {
+            ClearStrategy::Auto if sparse => off..(off + len).min(PAGE_SIZE),
+            _ => 0..0,
         };
         // SAFETY: each page is ours (just allocated, not yet mapped): 4096 writable
         // bytes inside the arena that nothing else references; the pfns differ.

@@ -14,7 +14,9 @@
 //!
 //! Variants:
 //! - `mmkit`, `mmkit-page-at-a-time`, `mmkit-multi-page`, `mmkit-non-temporal`:
-//!   an mmkit `Space` built with that `ClearStrategy` (`mmkit` is `Auto`); a
+//!   an mmkit `Space` built with that `ClearStrategy` (`mmkit` is `Auto`, which
+//!   follows the clearing plan mmkit calibrated on this host: `clear_plan` in
+//!   the records' params, with the calibration's figures); a
 //!   `MapFlags::HUGE` mapping, one `touch(addr, true)` per 2 MiB (timed: the
 //!   touches only, not mmap/munmap). `huge_pct` is the share of those faults
 //!   that installed a huge page (`space.stats()`); the bytes counted are those
@@ -85,8 +87,8 @@ const METRICS: &[Metric] = &[GB_PER_SEC, HUGE_PCT, MAX_YIELD_GAP_US, ALLOC_FAILU
 const VARIANTS: &[VariantInfo] = &[
     VariantInfo {
         name: "mmkit",
-        description: "mmkit huge faults, clearing auto (multi-page up to the LLC size, \
-                      non-temporal above)",
+        description: "mmkit huge faults, clearing auto (the kernel measured fastest on this \
+                      host at the first Mm build; params clear_plan)",
     },
     VariantInfo {
         name: "mmkit-page-at-a-time",
@@ -125,6 +127,22 @@ const VARIANTS: &[VariantInfo] = &[
 ];
 
 pub struct ClearHuge;
+
+/// Records what `ClearStrategy::Auto` follows in this process: `clear_plan`
+/// (the plan's text: kernels for huge pages, 1 GiB extents and fault-around
+/// batches, the cached-store crossover, and where it came from) and
+/// `clear_calibration` (what the calibration measured), for the workloads whose
+/// figures depend on it.
+pub fn clear_plan_params(p: &mut Map<String, Value>) {
+    let plan = match mmkit::clear_plan() {
+        Ok(plan) => plan.to_string(),
+        Err(e) => format!("error: {e}"),
+    };
+    p.insert("clear_plan".into(), plan.into());
+    if let Some(c) = mmkit::clear_calibration() {
+        p.insert("clear_calibration".into(), c.to_string().into());
+    }
+}
 
 /// The clearing strategy of an mmkit variant.
 fn strategy(name: &str) -> Option<ClearStrategy> {
@@ -274,7 +292,10 @@ fn run_mmkit(mm: &Mm, case: &str, page: usize, timing: &Timing) -> Vec<Figure> {
         Err(_) => (Vec::new(), 1),
     };
     let mut out = figures(case, &ps, failures, true);
-    if let Some(g) = yield_gap_us(extent(page, timing.quick), mm.clear_strategy()) {
+    let ext = extent(page, timing.quick);
+    // The strategy a fault in this case's mapping resolves to (the pass's size).
+    let s = mm.clear_plan().resolve(mm.clear_strategy(), len);
+    if let Some(g) = yield_gap_us(ext, s) {
         let mut f = Figure::new(MAX_YIELD_GAP_US.name, g);
         f.case = Some(case.to_string());
         out.push(f);
@@ -443,6 +464,7 @@ impl Workload for ClearHuge {
         p.insert("host_thp".into(), thp_mode().into());
         p.insert("nt_kind".into(), caps.nt_kind.name().into());
         p.insert("llc_bytes".into(), (caps.llc_bytes as u64).into());
+        clear_plan_params(&mut p);
         p
     }
 
@@ -470,5 +492,43 @@ impl Workload for ClearHuge {
             });
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workloads::page_fault1::PageFault1;
+
+    /// The lab records the plan that the mmkit variants' `Mm`s follow.
+    #[test]
+    fn params_record_the_clear_plan() {
+        let config = Config {
+            threads: None,
+            variants: None,
+            timing: Timing {
+                warmup: std::time::Duration::from_millis(5),
+                duration: std::time::Duration::from_millis(20),
+                quick: true,
+            },
+            memory: 64 << 20,
+            progress: false,
+            rounds: 1,
+            settings: Vec::new(),
+            params: Map::new(),
+            swap_file: None,
+        };
+        let peer = ClearHuge.build("mmkit", &config).unwrap();
+        let want = peer.mm().unwrap().clear_plan().to_string();
+        assert_eq!(want, mmkit::clear_plan().unwrap().to_string());
+        assert!(want.contains("huge=") && want.contains("source="), "{want}");
+        let pf: &dyn Workload = &PageFault1;
+        for params in [ClearHuge.params_for(&config), pf.params_for(&config)] {
+            assert_eq!(params["clear_plan"], Value::from(want.clone()));
+            assert!(params["clear_calibration"]
+                .as_str()
+                .unwrap()
+                .starts_with(&want));
+        }
     }
 }

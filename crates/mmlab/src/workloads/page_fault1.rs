@@ -133,7 +133,9 @@ impl Workload for PageFault1 {
     }
 
     fn params_for(&self, config: &Config) -> Map<String, Value> {
-        region_params(region(config.timing.quick), self.arena(config))
+        let mut p = region_params(region(config.timing.quick), self.arena(config));
+        super::clear_huge::clear_plan_params(&mut p);
+        p
     }
 
     fn run(&self, peer: &Peer, threads: usize, timing: &Timing) -> Vec<Figure> {
