@@ -59,6 +59,7 @@ pub use numa::{NodeReq, NumaStat, NumaStats};
 pub const PAGE_ALLOC_COSTLY_ORDER: u32 = PCP_MAX_ORDER;
 
 mod check;
+mod extfrag;
 mod free;
 mod numa;
 mod pcplist;
