@@ -115,7 +115,7 @@ pub struct Zone<P: Platform> {
     pub(crate) nr_free_mirror: AtomicU64,
     pub(crate) nr_highatomic_mirror: AtomicU64,
     /// Compaction's per-zone state: deferral, cached scanner positions, counters
-    /// by order (atomics, see `compaction.rs`).
+    /// by order (atomics, see `compaction/`).
     pub(crate) compact: CompactState,
     raw: P::ZoneLock,
     inner: UnsafeCell<ZoneInner>,

@@ -54,9 +54,9 @@ mod rseq;
 mod space;
 mod swap_cluster;
 mod swap_device;
-mod swap_lock;
 mod swap_state;
 mod swapfile;
+mod sync;
 mod topology;
 mod views;
 mod vmscan;
@@ -132,7 +132,7 @@ struct MmInner {
     numa_note: Option<String>,
     /// The anonymous LRU lists and their per-CPU add batches (`lru.rs`).
     lru: lru::Lru,
-    /// The swap devices that are on (`swapfile.rs`).
+    /// The swap devices that are on (`swapfile/`).
     swap: swapfile::SwapDevices,
     /// One kswapd per node (`kswapd.rs`); empty when turned off.
     kswapd: Vec<Kthread<bool>>,
@@ -439,7 +439,7 @@ impl Mm {
         )
     }
 
-    /// The swap devices (`swapfile.rs`).
+    /// The swap devices (`swapfile/`).
     pub(crate) fn swap(&self) -> &swapfile::SwapDevices {
         &self.inner.swap
     }

@@ -54,7 +54,7 @@ use mmkit_core::{LockStats, PageState, Platform};
 pub(crate) use mmkit_core::lru::LruList;
 
 use crate::pgtable::{desc, HPAGE_PMD_ORDER};
-use crate::swap_lock::{Guard, LockClassStats, StatLock};
+use crate::sync::{Guard, LockClassStats, StatLock};
 use crate::{Mm, Pfn, StdPlatform};
 
 /// Pages a per-CPU `lru_add` batch holds before it drains (Linux's folio batch).

@@ -19,9 +19,9 @@
 //! devices exactly (checked by `SwapDevices::check`).
 //!
 //! Locking: no lock of its own. `writeok` and `on` are written under the device
-//! table's write lock (`swapfile.rs`) and read without it (`Acquire`); the
+//! table's write lock (`swapfile/`) and read without it (`Acquire`); the
 //! totals are per-CPU atomics, summed on read. The map's and cache's locks are
-//! in `swap_cluster.rs` and `swap_state.rs`, the I/O's in `page_io.rs`.
+//! in `swap_cluster/` and `swap_state.rs`, the I/O's in `page_io/`.
 
 use std::fmt;
 use std::ops::Deref;

@@ -72,8 +72,8 @@ use crate::pgtable::{desc, Pte, SwapEntry};
 use crate::platform::StdPlatform;
 use crate::rmap::PageGuard;
 use crate::swap_cluster::{MapError, SwapMap, SWAP_ADDRESS_SPACE_PAGES};
-use crate::swap_lock::{LockClassStats, StatLock};
 use crate::swapfile::{SwapError, SwapInfoStruct, SwapPins};
+use crate::sync::{LockClassStats, StatLock};
 use crate::{Error, Gfp, Mm, Pfn};
 
 /// Which index the swap cache uses (see the module header).

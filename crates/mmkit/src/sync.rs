@@ -1,9 +1,10 @@
-//! The locks of the swap layer, and how they count their own contention.
-//!
-//! Purpose: the lab reports contention for three classes of swap locks (the device
-//! lock `si->lock`, the cluster locks `ci->lock`, the swap-cache trunk locks); each
-//! class has one [`LockClassStats`] shared by all of its locks, and every lock of the
-//! class is a [`StatLock`] that records into it when taken.
+//! mm's lock types and the loom switch: the counting lock [`StatLock`] that the
+//! swap layer (device lock `si->lock`, cluster locks `ci->lock`, swap-cache trunk
+//! locks) and the LRU (its shard locks) are built from, and, under `--cfg loom`,
+//! loom's lock, atomics and `relax` in their place, so that `swap_cluster/` runs
+//! unchanged in a model. Each lock class has one [`LockClassStats`] shared by all
+//! of its locks; every lock of the class records into it when taken. Where each
+//! lock sits in mm's lock order: `rmap.rs`'s header.
 //!
 //! Invariants: an acquisition is counted once, after the lock is held; it is
 //! "contended" when a first `try_lock` failed, and then the time spent waiting is
@@ -13,9 +14,6 @@
 //! Locking: the counters are per-CPU shards of relaxed atomics (Linux's per-CPU
 //! statistics), folded on read, so counting never adds a shared cache line to the
 //! lock it measures. A snapshot taken while locks are in use is a racy sum.
-//!
-//! Under `--cfg loom` the lock, the atomics the swap map uses (re-exported here)
-//! and `relax` are loom's, so that `swap_cluster.rs` runs unchanged in a model.
 
 use crossbeam_utils::CachePadded;
 use mmkit_core::{LockStats, Platform};

@@ -664,5 +664,4 @@ impl SwapIo {
 }
 
 #[cfg(all(test, not(loom)))]
-#[path = "page_io_tests.rs"]
 pub(crate) mod tests;

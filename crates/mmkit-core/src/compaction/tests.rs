@@ -1,4 +1,4 @@
-//! Unit tests of `compaction.rs`: the retry ladder of `should_compact_retry`.
+//! Unit tests of `compaction/mod.rs`: the retry ladder of `should_compact_retry`.
 
 use super::*;
 

@@ -779,5 +779,4 @@ impl<P: Platform> PageAlloc<P> {
 }
 
 #[cfg(test)]
-#[path = "compaction_tests.rs"]
 mod tests;

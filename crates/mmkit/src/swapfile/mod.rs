@@ -29,8 +29,8 @@
 //! the allocation and fault paths scale), written by `swapon`/`swapoff`, which
 //! are serialized by `swapon_mutex`; `writeok` and `on` of a device are written
 //! under the table's write lock and read without it. Each device's own locks
-//! are described in `swap_cluster.rs` (map, clusters), `swap_state.rs` (cache),
-//! `page_io.rs` (I/O).
+//! are described in `swap_cluster/` (map, clusters), `swap_state.rs` (cache),
+//! `page_io/` (I/O).
 
 use std::fmt;
 use std::io;
@@ -821,5 +821,4 @@ impl Mm {
 }
 
 #[cfg(all(test, not(loom)))]
-#[path = "swapfile_tests.rs"]
 mod tests;

@@ -40,7 +40,7 @@ use std::sync::atomic::Ordering;
 use crossbeam_utils::CachePadded;
 use mmkit_core::LockStats;
 
-use crate::swap_lock::{relax, AtomicU64, AtomicU8, Guard, LockClassStats, StatLock};
+use crate::sync::{relax, AtomicU64, AtomicU8, Guard, LockClassStats, StatLock};
 
 /// Slots per cluster (2 MiB of 4 KiB pages, Linux's `SWAPFILE_CLUSTER`).
 #[cfg(not(loom))]
@@ -731,9 +731,7 @@ impl SwapMap {
 }
 
 #[cfg(all(test, not(loom)))]
-#[path = "swap_cluster_tests.rs"]
 mod tests;
 
 #[cfg(all(test, loom))]
-#[path = "swap_cluster_loom.rs"]
 mod loom_tests;
