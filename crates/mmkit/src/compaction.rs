@@ -2,8 +2,9 @@
 //! high-order blocks by migrating movable pages out of the way, driven from three
 //! places.
 //!
-//! - **Direct compaction**: the allocator's slow path calls the [`SlowPathHooks`]
-//!   of every `Mm::alloc_pages` for an order above 0 that may reclaim. Unless
+//! - **Direct compaction**: the allocator's slow path calls it, through the
+//!   hooks of `page_alloc_hooks.rs`, for every `Mm::alloc_pages` of an order
+//!   above 0 that may reclaim. Unless
 //!   compaction of that order is deferred (`mmkit_core::compaction`) or not
 //!   suitable (too little free memory, or a fragmentation index saying the
 //!   failure is lack of memory), it runs `compact_zone` for the order from the
@@ -49,15 +50,12 @@
 //! fault that holds its space's VMA lock shared; it never waits for any space lock,
 //! so it cannot deadlock against that fault or an `munmap` queued behind it.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use mmkit_core::compaction::{COMPACT_CLUSTER_MAX, KCOMPACTD_GOAL_BLOCKS};
-use mmkit_core::{
-    CompactControl, CompactMode, CompactPriority, CompactResult, CompactStats, SlowPathHooks,
-};
+use mmkit_core::{CompactControl, CompactMode, CompactPriority, CompactResult, CompactStats};
 
 use crate::kthread::Kthread;
 use crate::migrate::{migrate_page, MigrateError};
@@ -289,75 +287,6 @@ pub(crate) fn try_to_compact_pages(
         res = res.max(r);
     }
     (res, None)
-}
-
-/// The allocator's slow-path hooks of one `Mm::alloc_pages` call: direct
-/// compaction, with the captured block kept until the slow path takes it (or
-/// freed if it does not), and kcompactd's wake-up (`wake_kswapd` is a no-op:
-/// there is no kswapd yet).
-pub(crate) struct AllocHooks<'a> {
-    mm: &'a Mm,
-    captured: Cell<Option<(Pfn, u32)>>,
-}
-
-impl<'a> AllocHooks<'a> {
-    #[inline]
-    pub(crate) fn new(mm: &'a Mm) -> Self {
-        AllocHooks {
-            mm,
-            captured: Cell::new(None),
-        }
-    }
-}
-
-impl SlowPathHooks for AllocHooks<'_> {
-    fn wake_kswapd(&self, _order: u32) {
-        self.mm.wakeup_kswapd();
-    }
-
-    fn direct_reclaim(&self, _order: u32) -> u64 {
-        crate::vmscan::direct_reclaim(self.mm)
-    }
-
-    fn can_reclaim(&self) -> bool {
-        self.mm.can_swap_out()
-    }
-
-    fn wake_kcompactd(&self, order: u32) {
-        self.mm.wakeup_kcompactd(order);
-    }
-
-    fn direct_compact(&self, order: u32, mt: MigrateType, prio: CompactPriority) -> CompactResult {
-        if !self.mm.inner.compact.direct {
-            return CompactResult::Skipped;
-        }
-        let (r, captured) = try_to_compact_pages(self.mm, order, mt, prio);
-        if let Some(p) = captured {
-            if let Some((old, o)) = self.captured.replace(Some((p, order))) {
-                let _ = self.mm.free_pages(old, o);
-            }
-        }
-        r
-    }
-
-    fn take_captured(&self, order: u32) -> Option<Pfn> {
-        match self.captured.take() {
-            Some((p, o)) if o == order => Some(p),
-            Some((p, o)) => {
-                let _ = self.mm.free_pages(p, o);
-                None
-            }
-            None => None,
-        }
-    }
-}
-
-impl Drop for AllocHooks<'_> {
-    fn drop(&mut self) {
-        if let Some((p, o)) = self.captured.take() {
-            let _ = self.mm.free_pages(p, o);
-        }
-    }
 }
 
 /// Starts kcompactd for `inner` on its handle `kc` (holding the `Mm` only weakly

@@ -45,6 +45,7 @@ mod migrate;
 mod nbd;
 mod numa;
 mod numa_balancing;
+mod page_alloc_hooks;
 mod page_io;
 mod pgtable;
 mod platform;
@@ -97,10 +98,11 @@ pub use swap_state::{SwapCacheIndex, SwapReadahead};
 pub use swapfile::{SwapDevice, SwapFreePolicy, SwapId, SwapInfo, SwapKind};
 pub use topology::{NodeInfo, Topology, TopologyError};
 
-use compaction::{AllocHooks, CompactConfig};
+use compaction::CompactConfig;
 use error::free_err;
 use kthread::Kthread;
 use mmkit_core::{AllocError, Claim, PageAlloc};
+use page_alloc_hooks::AllocHooks;
 
 /// What the clones of one `Mm` share. Dropping it stops the background threads
 /// (their `Kthread` handles are dropped with it).

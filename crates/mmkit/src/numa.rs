@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crossbeam_utils::CachePadded;
 use mmkit_core::{NodeReq, NumaStats, Platform, MAX_ORDER};
 
-use crate::compaction::AllocHooks;
+use crate::page_alloc_hooks::AllocHooks;
 use crate::topology::Topology;
 use crate::{Error, Gfp, Mm, Pfn, StdPlatform, PAGE_SIZE};
 
