@@ -161,7 +161,6 @@ pub(crate) const FALLBACKS: [[usize; 2]; MIGRATE_PCPTYPES] = [
 /// Watermark index into a zone's watermarks; the low bits of `alloc_flags`.
 pub(crate) const ALLOC_WMARK_MIN: u32 = 0;
 pub(crate) const ALLOC_WMARK_LOW: u32 = 1;
-#[allow(dead_code)]
 pub(crate) const ALLOC_WMARK_HIGH: u32 = 2;
 pub(crate) const ALLOC_WMARK_MASK: u32 = 3;
 /// `__GFP_HIGH`: may use half of the min reserve.

@@ -34,8 +34,8 @@ use lock_api::RawMutex;
 
 use crate::compaction::CompactState;
 use crate::gfp::{
-    MigrateType, ALLOC_HARDER, ALLOC_HIGH, ALLOC_WMARK_MASK, FALLBACKS, MIGRATE_PCPTYPES,
-    MIGRATE_TYPES,
+    MigrateType, ALLOC_HARDER, ALLOC_HIGH, ALLOC_WMARK_HIGH, ALLOC_WMARK_MASK, FALLBACKS,
+    MIGRATE_PCPTYPES, MIGRATE_TYPES,
 };
 use crate::page::{
     fl_mt, fl_order, fl_state, mk_flags, Page, PageState, MAX_ORDER, NIL, NR_ORDERS,
@@ -221,7 +221,7 @@ impl<P: Platform> Zone<P> {
     /// Is the zone below its high watermark (PCP auto-tuning shrinks `high` then)?
     #[inline]
     pub(crate) fn below_high(&self) -> bool {
-        self.nr_free_mirror.load(Ordering::Relaxed) < self.wmark[2]
+        self.nr_free_mirror.load(Ordering::Relaxed) < self.wmark[ALLOC_WMARK_HIGH as usize]
     }
 
     /// Linux's `__zone_watermark_ok` on the page count (the per-order part is left

@@ -428,7 +428,6 @@ fn replace_leaf<'a>(
 /// Linux's `folio_referenced_one`: tests and clears the accessed bit of the
 /// entry that maps `page` at `m.vaddr` (a present order-0 leaf, or the huge PMD
 /// of a huge page whose head is `page`). True if it was set. For LRU aging.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn folio_referenced_one(m: &RmapOne<'_>, page: Pfn) -> bool {
     let Some((slot, e, level)) = m.space.follow_pte(m.held, m.vaddr) else {
         return false;
@@ -445,7 +444,6 @@ pub(crate) fn folio_referenced_one(m: &RmapOne<'_>, page: Pfn) -> bool {
 /// Linux's `folio_referenced`: was the locked `page` accessed through its mapping
 /// since the last call (clearing the accessed bit)? `None` when the mapping could
 /// not be reached now (see [`rmap_walk`]).
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn folio_referenced(
     mm: &Mm,
     page: &PageGuard<'_>,

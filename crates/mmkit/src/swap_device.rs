@@ -190,7 +190,7 @@ impl SwapInfoStruct {
     }
 
     /// Writes a page to an entry's slot (`swap_writepage`).
-    #[cfg_attr(any(not(test), loom), allow(dead_code))] // used by the unit tests
+    #[cfg_attr(any(not(test), loom), expect(dead_code))] // used by the unit tests
     pub(crate) fn swap_writepage(&self, entry: SwapEntry, page: &[u8]) -> Result<(), SwapError> {
         Ok(self.io.swap_writepage(self.slot(entry)?, page)?)
     }

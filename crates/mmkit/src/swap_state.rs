@@ -152,7 +152,7 @@ impl SwapCache {
     }
 
     /// The index in use.
-    #[cfg_attr(any(not(test), loom), allow(dead_code))] // used by the unit tests
+    #[cfg_attr(any(not(test), loom), expect(dead_code))] // used by the unit tests
     pub(crate) fn kind(&self) -> SwapCacheIndex {
         match self.index {
             Index::Trunks(_) => SwapCacheIndex::Trunks,

@@ -590,7 +590,6 @@ impl SwapIo {
     }
 
     /// Writes one page to `slot` (`swap_writepage`).
-    #[cfg_attr(any(not(test), loom), allow(dead_code))] // used by the unit tests
     pub(crate) fn swap_writepage(&self, slot: u32, page: &[u8]) -> Result<(), SwapIoError> {
         self.swap_writepages(slot, &[page])
     }

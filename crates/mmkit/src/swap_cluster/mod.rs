@@ -262,10 +262,6 @@ impl SwapMap {
         }
     }
 
-    #[allow(dead_code)] // for views of the map; nothing reads it yet
-    pub(crate) fn policy(&self) -> SwapAllocPolicy {
-        self.policy
-    }
     pub(crate) fn nr_slots(&self) -> u32 {
         self.nr_slots
     }
@@ -274,7 +270,7 @@ impl SwapMap {
         self.inuse.load(Ordering::Relaxed)
     }
     /// The map byte of a slot (a racy snapshot).
-    #[cfg_attr(any(not(test), loom), allow(dead_code))] // used by the unit tests
+    #[cfg_attr(any(not(test), loom), expect(dead_code))] // used by the unit tests
     pub(crate) fn map_count(&self, slot: u32) -> u8 {
         self.swap_map[slot as usize].load(Ordering::Relaxed)
     }
@@ -636,7 +632,7 @@ impl SwapMap {
 
     /// Gives every CPU's cluster back to its list (before `swapoff`, or to
     /// check the lists in a quiet state).
-    #[cfg_attr(any(not(test), loom), allow(dead_code))] // used by the unit tests
+    #[cfg_attr(not(test), expect(dead_code))] // used by the unit and loom tests
     pub(crate) fn drain_percpu(&self) {
         for pc in self.pcp.iter() {
             let mut pc = pc.lock(&self.pcp_lock_stats);
@@ -662,7 +658,7 @@ impl SwapMap {
     }
 
     /// Clusters per list: `[free, nonfull, frag, full, owned]`.
-    #[cfg_attr(any(not(test), loom), allow(dead_code))] // used by the unit tests
+    #[cfg_attr(not(test), expect(dead_code))] // used by the unit and loom tests
     pub(crate) fn list_counts(&self) -> [u32; 5] {
         let si = self.si_lock.lock(&self.si_lock_stats);
         let l = si.lists.len;
