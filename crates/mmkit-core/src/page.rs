@@ -239,8 +239,8 @@ impl Page {
         &self.private
     }
     /// `private` of a swap-cache page (`PG_SWAPCACHE` set): its swap entry, raw
-    /// (Linux's `folio->swap`). (O), and (P) for page-side code. Reserved for
-    /// swap; no path sets it yet.
+    /// (Linux's `folio->swap`). (P): set and cleared with `PG_SWAPCACHE`
+    /// under the page lock (mmkit's `swapcache_add`/`swapcache_drop`).
     #[inline]
     pub fn swap_entry(&self) -> &AtomicU64 {
         &self.private

@@ -1,5 +1,5 @@
-//! Background threads of an `Mm` (Linux's kthreads): the vmstat worker, kcompactd,
-//! and later kswapd and the NUMA scanner, all built on [`Kthread`].
+//! Background threads of an `Mm` (Linux's kthreads): the vmstat worker,
+//! kcompactd, kswapd and the NUMA scanner, all built on [`Kthread`].
 //!
 //! A `Kthread<W>` is the owner's handle on one thread. [`Kthread::start`] spawns
 //! the thread, which parks until it is woken with work, its period elapses, or it

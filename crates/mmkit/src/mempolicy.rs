@@ -21,8 +21,9 @@
 //!
 //! Invariants: a validated policy only names online nodes; a `Placement`'s `nodes`
 //! holds each node at most once and starts with the policy's own nodes.
-//! Locking: none; policies are values. The space that holds them (later) guards
-//! them with its VMA lock.
+//! Locking: none; policies are values. A space holds them in its policy table
+//! (`space/mempolicy.rs`), under a lock of its own (see the lock order in
+//! `rmap.rs`).
 
 use std::fmt;
 use std::ops::{BitOr, BitOrAssign};

@@ -1,7 +1,8 @@
 //! Page migration (Linux's `mm/migrate.c` for anonymous order-0 pages): moves the
 //! contents of a mapped page to another frame and remaps it, reached from the
-//! page through the reverse map (`rmap.rs`). Compaction (`compaction.rs`) is its
-//! user now, NUMA balancing later.
+//! page through the reverse map (`rmap.rs`). Its users: compaction
+//! (`compaction.rs`), NUMA balancing's hint faults (`space/task_numa.rs`)
+//! and `mbind`'s `MOVE` (`space/mempolicy.rs`).
 //!
 //! # The migration-entry protocol (the one place it is described)
 //!

@@ -39,8 +39,9 @@
 //!   in `migrate.rs`. Only a leaf (level 0) entry ever holds one.
 //! - **swap entry**: any other non-zero value (bit 0, bit 8 and bit 10 clear). The swap type
 //!   plus one is in bits 1..6 (so types `0..=30` and the entry is never 0), the
-//!   offset in bits 12..57; bits 6..12 are 0. Swap itself comes in a later layer;
-//!   today no path creates one, and a fault on one is refused.
+//!   offset in bits 12..57; bits 6..12 are 0. Reclaim installs one when it
+//!   swaps a page out (`vmscan.rs`); a fault on one swaps the page back in
+//!   (`do_swap_page` in `space/swap.rs`).
 //!
 //! # Invariants
 //! - An entry changes from none to something only by `compare_exchange` from 0

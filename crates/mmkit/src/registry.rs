@@ -5,7 +5,7 @@
 //! Ids are small integers from 1, unique among the live spaces of one Mm and
 //! reused after a space is dropped; they fit the reverse map's encoding
 //! (`rmap.rs`). Each Mm has its own registry, so page-side code (compaction,
-//! migration, later reclaim) only ever finds spaces whose pages come from the
+//! migration, reclaim) only ever finds spaces whose pages come from the
 //! same arena as the page it started from.
 //!
 //! Invariants: slot `id - 1` holds a weak reference to the space with that id

@@ -15,7 +15,7 @@
 //!   mapped (non-zero exactly while the page is split and mapped; Linux keeps such
 //!   counts in the first tail page too).
 //!
-//! Page-side code (compaction's migration now, reclaim and NUMA balancing later)
+//! Page-side code (compaction's and NUMA balancing's migration, reclaim)
 //! reaches a page's mapping in one way only: lock the page (`Mm::lock_page` /
 //! `Mm::trylock_page`), then `rmap_walk`, which resolves the space through its
 //! Mm's registry, takes its VMA lock shared without waiting and calls back with
