@@ -143,7 +143,7 @@ impl SpaceInner {
     /// huge pages are not migrated.
     pub(super) fn do_huge_pmd_numa_page(&self, vmf: &VmFault<'_>, slot: &AtomicU64, e: Pte) {
         if super::mprotect::clear_numa_hint(slot, e) {
-            self.numa_huge_hint_fault(vmf, e.pfn());
+            self.numa_huge_hint_fault(vmf, slot, e.pfn());
         }
     }
 

@@ -410,25 +410,37 @@ impl SpaceInner {
         }
         let t0 = thread_cpu_ns();
         let migratable = !e.is_compound();
-        self.numa_hint_fault(vmf, e.pfn(), 1, migratable);
+        self.numa_hint_fault(vmf, slot, e.pfn(), 1, migratable);
         self.numab_add(NumabStat::SystemNs, thread_cpu_ns().saturating_sub(t0));
     }
 
     /// A hint fault on a huge PMD, already restored: recorded for its 512 pages,
     /// not migrated.
-    pub(super) fn numa_huge_hint_fault(&self, vmf: &VmFault<'_>, head: Pfn) {
+    pub(super) fn numa_huge_hint_fault(&self, vmf: &VmFault<'_>, slot: &AtomicU64, head: Pfn) {
         let t0 = thread_cpu_ns();
-        self.numa_hint_fault(vmf, head, HPAGE_PMD_NR, false);
+        self.numa_hint_fault(vmf, slot, head, HPAGE_PMD_NR, false);
         self.numab_add(NumabStat::SystemNs, thread_cpu_ns().saturating_sub(t0));
     }
 
-    /// `task_numa_fault` with the migration decision before it.
-    fn numa_hint_fault(&self, vmf: &VmFault<'_>, pfn: Pfn, pages: u64, migratable: bool) {
+    /// `task_numa_fault` with the migration decision before it, for the page
+    /// `pfn` that the restored entry `slot` mapped. Nothing is recorded when
+    /// `slot` no longer maps it (see `xchg_last_cpupid_mapped`): the access
+    /// retries anyway.
+    fn numa_hint_fault(
+        &self,
+        vmf: &VmFault<'_>,
+        slot: &AtomicU64,
+        pfn: Pfn,
+        pages: u64,
+        migratable: bool,
+    ) {
         let mm = &self.mm;
         let mem = mm.node_of(pfn);
         let cpu = mm.thread_node();
         let this = Cpupid::from_page_bits(Cpupid::new(cpu, thread_pid()).to_page_bits());
-        let last = Cpupid::from_page_bits(desc(mm, pfn).xchg_last_cpupid(this.to_page_bits()));
+        let Some(last) = self.xchg_last_cpupid_mapped(slot, pfn, this) else {
+            return;
+        };
         let private = last.is_unset() || last.same_pid(this);
         let mut node = mem;
         let mut outcome: Option<Result<(), MigrateFail>> = None;
@@ -488,6 +500,32 @@ impl SpaceInner {
         if node < n && cpu < n {
             st.faults[node * n + cpu] += pages;
         }
+    }
+
+    /// Swaps the last accessor of the page `pfn` for `this`, under the page
+    /// lock and only while `slot` still maps `pfn`; `None` (nothing written)
+    /// when it does not. Restoring the entry made the page reachable again:
+    /// from then on another thread's hint fault may migrate it, or reclaim
+    /// swap it out, and either frees it; a write to a free frame's flags
+    /// leaves last-cpupid bits where the allocator expects none. Linux
+    /// writes the field under the PTL, which keeps the folio mapped; here the
+    /// page lock does: page-side code unmaps a page only under its lock, and
+    /// `munmap` waits for the shared VMA lock this fault holds. (The address
+    /// side of the lock order: VMA lock shared, then one page lock.)
+    pub(super) fn xchg_last_cpupid_mapped(
+        &self,
+        slot: &AtomicU64,
+        pfn: Pfn,
+        this: Cpupid,
+    ) -> Option<Cpupid> {
+        let mm = &self.mm;
+        let _lock = mm.lock_page(pfn);
+        let now = Pte::from_raw(slot.load(Ordering::Acquire));
+        if !now.is_present() || now.pfn() != pfn {
+            return None;
+        }
+        let last = desc(mm, pfn).xchg_last_cpupid(this.to_page_bits());
+        Some(Cpupid::from_page_bits(last))
     }
 
     /// Linux's `migrate_misplaced_folio`: moves the order-0 page `src` to `nid`,

@@ -115,6 +115,40 @@ fn numa_hint_faults_restore_the_entry() {
     mm.check().unwrap();
 }
 
+/// A hint fault records its thread as the page's last accessor only while the
+/// restored entry still maps that page: once another thread's hint fault or
+/// reclaim has unmapped and freed it, the write would put last-cpupid bits
+/// on a free frame (which `Mm::check` reports as corrupt). The stale case is
+/// played here deterministically: the entry maps another page than the one
+/// the fault found, a frame that is free now.
+#[test]
+fn hint_fault_records_its_accessor_only_on_a_page_still_mapped() {
+    use crate::numa_balancing::Cpupid;
+    use crate::pgtable::desc;
+    use crate::Gfp;
+    let mm = mm();
+    let s = mm.new_space().unwrap();
+    let a = s.mmap(PAGE_SIZE, MapFlags::empty()).unwrap();
+    s.write(a, &[7]).unwrap();
+    let mapped = s.translate(a).unwrap().pfn;
+    let freed = mm.alloc_owned_pages(Gfp::MOVABLE, 0).unwrap();
+    mm.free_owned_pages(freed, 0).unwrap();
+    let this = Cpupid::from_page_bits(Cpupid::new(0, 5).to_page_bits());
+    let inner = &s.inner;
+    let g = inner.read_lock();
+    let (slot, _, level) = inner.follow_pte(&g, a).unwrap();
+    assert_eq!(level, 0);
+    assert_eq!(inner.xchg_last_cpupid_mapped(slot, freed, this), None);
+    let last = inner.xchg_last_cpupid_mapped(slot, mapped, this);
+    assert!(last.is_some_and(Cpupid::is_unset), "{last:?}");
+    assert_eq!(
+        inner.xchg_last_cpupid_mapped(slot, mapped, this),
+        Some(this)
+    );
+    drop(g);
+    mm.check().unwrap();
+}
+
 /// Writes `pte` into the PTE of `addr` (which must be mapped down to its PTE
 /// table) and adds `used` to the table's count of entries.
 fn set_pte(s: &crate::Space, addr: u64, pte: Pte, used_delta: i64) {
