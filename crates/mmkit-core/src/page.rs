@@ -79,26 +79,35 @@ pub(crate) const PG_MERGE_SKIPPED: u32 = 1 << 11;
 /// space's data or table page, a swap-cache page), allocated with
 /// `alloc_owned_pages`; `free_pages` refuses it (`Claim::User`).
 pub const PG_OWNED: u32 = 1 << 12;
-/// Bits 16.. are for the layers above (LRU, swap cache, dirty, ...).
+/// Bits 16.. are for the layers above (LRU, swap cache, dirty, ...), each
+/// with who writes it (locking letters: see [`Page`]); every one is read
+/// without a lock too (a snapshot), and a free clears them all.
+///
+/// `PG_LRU`: (L) set and cleared with the page's link, under its shard's LRU
+/// lock (mmkit's `lru.rs`).
 pub const PG_LRU: u32 = 1 << 16;
-/// The page is in the swap cache; `private` holds its swap entry.
+/// The page is in the swap cache; `private` holds its swap entry. (P)
 pub const PG_SWAPCACHE: u32 = 1 << 17;
-/// The page has been written since it was last cleaned.
+/// The page has been written since it was last cleaned. (P), (O) while the
+/// page is unmapped and its owner's alone (migration's new page).
 pub const PG_DIRTY: u32 = 1 << 18;
 /// A page read ahead into the swap cache and not yet mapped by a fault
 /// (Linux's `PG_readahead` as swap uses it: its first fault is a `swap_ra_hit`).
+/// (P)
 pub const PG_READAHEAD: u32 = 1 << 19;
 /// The page is queued on a per-CPU `lru_add` batch (set when queued, cleared
 /// when the batch drains). A free clears it with every flag, so an entry left
 /// in a batch after its page was freed (migrated, unmapped) never links the
-/// page's next incarnation (Linux's batches hold a reference instead).
+/// page's next incarnation (Linux's batches hold a reference instead). Set
+/// (O) by the faulting owner as it queues the page, cleared (L) by the drain.
 pub const PG_LRU_ADD: u32 = 1 << 20;
 /// Bits 22..32 of `flags` of a mapped data page (the head of a huge one): its
 /// last accessor for NUMA balancing (Linux's `last_cpupid` in the page flags),
 /// packed by mmkit's `numa_balancing::Cpupid::to_page_bits` (valid, node mod 8,
 /// the low 6 bits of the thread id). Written by the hint fault with
 /// [`Page::xchg_last_cpupid`] (CAS on the whole word, so the other bits are
-/// kept); a stale value on a reused page is only a weaker hint.
+/// kept): (C) under (P), while the page is still mapped, since a write after
+/// the page was freed would leave these bits on a free frame.
 pub const LAST_CPUPID_SHIFT: u32 = 22;
 /// Width of the last-accessor field.
 pub const LAST_CPUPID_BITS: u32 = 10;
@@ -123,20 +132,10 @@ pub(crate) const fn fl_mt(f: u32) -> usize {
 
 /// One page descriptor (Linux's `struct page`), 32 bytes.
 ///
-/// Who may write each field, and under which lock (after FreeBSD's `vm_page.h`):
-///
-/// - (A) atomic: written with atomic operations, readable without a lock (a
-///   snapshot unless a lock below is held).
-/// - (Z) the owning zone's lock.
-/// - (C) compare-and-swap by whoever makes the transition (the freeing or the
-///   allocating CPU), without a lock.
-/// - (O) the owner of the allocated block: whoever `alloc_pages` handed it to
-///   (for a mapped data page or a page-table page, the address space that
-///   faulted it in, under that space's VMA lock; see mmkit's `space/mod.rs`).
-///   The allocator writes these words only when it hands the block out or takes
-///   it back, when no owner exists.
-/// - (P) the page lock (mmkit's `rmap.rs`, a striped table on the Mm keyed by
-///   pfn), for page-side changes of a mapped page.
+/// Who may write each field, and under which lock, in the locking letters
+/// whose one legend is in the header of mmkit's `rmap.rs` (after FreeBSD's
+/// `vm_page.h`): here (A) atomic, (C) compare-and-swap, (O) the block's
+/// owner, (Z) the zone lock, (P) the page lock, (L) the LRU lock.
 ///
 /// The `private` word has one meaning per kind of owner, each with a named
 /// accessor that every site uses: [`pt_used`](Page::pt_used) (a page-table
@@ -148,8 +147,8 @@ pub struct Page {
     /// (A; state bits Z/C) State, order, migratetype and page flags (see the
     /// `FL_*`/`PG_*` layout). State, order, migratetype and `PG_OWNED`: (Z) for
     /// `Buddy` heads, (C) for `Alloc` <-> `None` (`PG_OWNED` is written with the
-    /// state when an owned block is handed out). The `PG_*` bits above 16: (O),
-    /// and (P) for page-side code once the page is mapped.
+    /// state when an owned block is handed out). The `PG_*` bits from 16 up and
+    /// the last-cpupid field: as each constant says.
     pub(crate) flags: AtomicU32,
     /// (A) Reference count of an allocated head (1 after allocation): get/put by
     /// anyone holding a reference; set by the allocator when it hands out.
@@ -200,7 +199,9 @@ impl Page {
     }
     /// Replaces the last-accessor field (bits 22..32 of `flags`, see
     /// [`LAST_CPUPID_SHIFT`]) by the low [`LAST_CPUPID_BITS`] of `v`; returns the
-    /// previous field. (O)/(P): any thread faulting on the mapped page.
+    /// previous field. (P): a hint fault, under the page lock while its entry
+    /// still maps the page (mmkit's `space/task_numa.rs`); (O): a migration's
+    /// new page before it is mapped.
     #[inline]
     pub fn xchg_last_cpupid(&self, v: u32) -> u32 {
         let new = (v << LAST_CPUPID_SHIFT) & LAST_CPUPID_MASK;

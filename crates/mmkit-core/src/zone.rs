@@ -112,6 +112,8 @@ pub struct Zone<P: Platform> {
     pub(crate) managed: u64,
     /// min, low, high watermarks in pages.
     pub(crate) wmark: [u64; 3],
+    /// (Z) `nr_free` as of the last unlock, for lockless watermark checks
+    /// (locking letters: see `Page`).
     pub(crate) nr_free_mirror: AtomicU64,
     pub(crate) nr_highatomic_mirror: AtomicU64,
     /// Compaction's per-zone state: deferral, cached scanner positions, counters

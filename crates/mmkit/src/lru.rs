@@ -64,7 +64,8 @@ pub(crate) const MAX_LRU_SHARDS: usize = 16;
 /// A shard holds whole blocks of this order (2 MiB).
 const SHARD_BLOCK_ORDER: u32 = 9;
 
-/// The anonymous LRU of one Mm: per-node lists, per-CPU add batches.
+/// The anonymous LRU of one Mm: per-node lists, per-CPU add batches. Fields
+/// read without their lock carry a locking letter (legend in `rmap.rs`).
 pub(crate) struct Lru {
     links: LruLinks,
     /// Per node, `shards` shards: index `nid * shards + shard`.
@@ -74,14 +75,16 @@ pub(crate) struct Lru {
     cursor: Box<[CachePadded<std::sync::atomic::AtomicUsize>]>,
     lock_stats: LockClassStats,
     batches: Box<[CachePadded<parking_lot::Mutex<Vec<u32>>>]>,
-    /// Per node: pages isolated from its lists by reclaimers now (Linux's
-    /// `NR_ISOLATED_ANON`), for `too_many_isolated`.
+    /// (A) Per node: pages isolated from its lists by reclaimers now (Linux's
+    /// `NR_ISOLATED_ANON`), for `too_many_isolated`; counted after the LRU
+    /// lock is dropped, read without it.
     isolated: Box<[CachePadded<AtomicU64>]>,
     /// Reclaimers inside `shrink_node` now (kswapd and direct), for
     /// `Mm::wait_reclaim_idle`.
     pub(crate) active_reclaimers: AtomicU64,
-    /// Per shard: (active, inactive) lengths as of the last unlock, so that
-    /// reclaim's sizing decisions never take a lock (Linux's lruvec sizes).
+    /// (L) Per shard: (active, inactive) lengths as of the last unlock, so that
+    /// reclaim's sizing decisions never take a lock (Linux's lruvec sizes):
+    /// written under the shard's lock, read without it.
     lens: Box<[CachePadded<[AtomicU64; 2]>]>,
 }
 

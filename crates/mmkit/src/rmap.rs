@@ -1,6 +1,7 @@
 //! From a page to its owner (Linux's `mm/rmap.c` for anonymous pages, reduced to
 //! one mapping per page since an address space has no fork), the page lock, and
-//! the lock order of the whole crate.
+//! the lock order of mmkit and mmkit-core with the letters that annotate what
+//! each lock guards.
 //!
 //! # The reverse map
 //!
@@ -40,22 +41,85 @@
 //!
 //! # Lock order (the one place it is written down)
 //!
-//! ```text
-//! address side (from an address: faults, accesses, mmap/munmap, NUMA scan)
-//!   1. the space's VMA lock       shared: faults, accesses; exclusive: mmap/munmap
-//!   2. the page lock of one frame  blocking; at most one held at a time
-//!   3. allocator locks             per-CPU list / zone lock, inside mmkit-core only
+//! Every lock of mmkit and mmkit-core, outermost first, in the manner of
+//! Linux's "Lock ordering in mm" (`mm/rmap.c`): a lock may be taken while
+//! holding the locks above it on its branch, never the other way round. Each
+//! line says where the lock lives and who takes it; the letter is the one the
+//! struct comments use (legend below).
 //!
-//! page side (from a pfn: migration, reclaim and NUMA migration)
-//!   1. the page lock               try_lock (compaction, reclaim: a batch of
-//!                                  pages, or the 512 of a huge page it
-//!                                  splits), or blocking while holding
-//!                                  nothing else
-//!   2. the Mm's registry mutex     leaf: held only to resolve an id
-//!   3. the space's VMA lock        shared, and only with try_read
-//!   4. the PTE                     compare-and-swap, no lock
+//! ```text
+//! swapon_mutex                  swapfile.rs: swapon, swapoff (serialises them)
+//!   device table, write (T)     swapfile.rs: swapon, swapoff, set_allocatable
+//! NUMA kthread handle           space/task_numa.rs: set_numa_balancing
+//!   Kthread control mutex (K)   kthread.rs: start, wake, park, stop (see the
+//!                               leaves below: also taken alone)
+//!
+//! address side (from an address: faults, accesses, mmap/munmap, mbind, the
+//! NUMA scan, swapoff's unuse)
+//! VMA lock (V)                  space/mod.rs: shared for faults, accesses,
+//!                               the NUMA scan, mbind's scan, unuse; exclusive
+//!                               for mmap, munmap, mbind's VMA split
+//!   page lock (P)               rmap.rs: blocking, at most one at a time: an
+//!                               access's copy, with_page, do_swap_page,
+//!                               read_swap_cache's new page, the hint fault's
+//!                               last_cpupid (task_numa.rs)
+//!     [the page side's locks from the device table on, as below]
+//!   policy table                space/mempolicy.rs: a fault's policy lookup,
+//!                               mbind/set_mempolicy (leaf)
+//!   NUMA scan state (N)         space/task_numa.rs: the hint fault's and the
+//!                               pass's bookkeeping, never across a walk, an
+//!                               allocation or a migration (leaf)
+//!   [direct compaction and reclaim: the page side, try-locks only]
+//!
+//! page side (from a pfn: migration, compaction, reclaim, NUMA migration)
+//! page lock (P)                 try_lock (compaction, reclaim: a batch of
+//!                               pages, or the 512 of a huge page it splits),
+//!                               or blocking while holding nothing else
+//!   registry mutex              registry.rs: resolve an id (leaf)
+//!   VMA lock (V), try_read only rmap_walk
+//!     PTE                       compare-and-swap, no lock
+//!   device table, read (T)      swapfile.rs: SwapDevices::get (pin a
+//!                               device), get_swap_pages, statistics
+//!     per-CPU swap cursor       swap_cluster.rs, PerCpuCluster only: slot
+//!                               allocation, drain_percpu
+//!       cluster lock (S)
+//!         device lock (D)       a cluster used up goes back on a list
+//!     device lock (D)           swap_cluster.rs: list moves; with the two
+//!                               cursor policies every allocation
+//!       cluster lock (S)        PerCpuCluster: try_lock only (isolate_cluster);
+//!                               cursor policies: blocking
+//!   cluster lock (S)            swap_duplicate, swapcache_prepare/clear,
+//!                               swap_free; the Table swap cache's inserts
+//!                               and deletes (swap_state.rs)
+//!     device lock (D)           PerCpuCluster: a free that moves the cluster
+//!   swap-cache trunk lock       swap_state.rs, Trunks index (leaf)
+//!   io_uring ring mutex         page_io.rs: one submission and its
+//!                               completions (leaf)
+//!   lru_add batch mutex         lru.rs: per CPU; remote only in drain_all
+//!     LRU shard lock (L)        lru.rs: one shard at a time
+//!   readahead queue             swap_state.rs (leaf: no page lock under it)
 //!   (allocator locks only after all of the above are dropped)
+//!
+//! leaves taken under any of the above
+//! Kthread control mutex (K)     kthread.rs: wake-ups from the slow path
+//!                               (kswapd, kcompactd) and the NUMA scanner
+//! allocator (mmkit-core)        cache fence lock (pcp_cache.rs, remote sides
+//!                               of the per-CPU caches); per-CPU list lock
+//!                               (pcp.rs, try_lock by its owner) -> zone
+//!                               lock (Z) (zone.rs); nothing of mmkit under them
 //! ```
+//!
+//! **The cluster and device locks flip between swap allocation policies**
+//! (`swap_cluster.rs`). `PerCpuCluster` (Linux 6.15): per-CPU cursor ->
+//! cluster lock -> device lock; allocation and frees take a cluster lock
+//! first and the device lock under it only to move the cluster between lists,
+//! and the one path that holds the device lock and wants a cluster
+//! (`isolate_cluster`) only `try_lock`s it. `SharedCursor` and `PerCpuCursor`
+//! (Linux 5.8): device lock -> cluster lock, blocking; allocation runs under
+//! the device lock, a reference that does not free its slot is dropped under
+//! the cluster lock alone, and a free that does takes the device lock first.
+//! A device has one policy for its life, so the two orders never meet on one
+//! device, and no path holds the locks of two devices.
 //!
 //! The two sides take the VMA lock and the page lock in opposite orders; what
 //! keeps that deadlock-free is that the page side never *waits* for a VMA lock
@@ -63,12 +127,35 @@
 //! queued writer would block a new reader), and the address side never takes a
 //! page lock while it waits for anything else. `with_page` holds a page lock
 //! without the VMA lock while its closure runs, so its closure may not call into
-//! any address space (refused with `Error::Fault`). Direct compaction may run
-//! inside a fault, under that fault's shared VMA lock: it only ever try-locks, so
-//! it cannot deadlock against that fault or an `munmap` queued behind it. The
-//! registry mutex and the zone locks are leaves: nothing is taken under them.
-//! A space that a walk resolved is dropped only with the `RmapWalkControl`,
-//! after every page lock is released (its drop unmaps the whole space).
+//! any address space (refused with `Error::Fault`). Direct compaction and
+//! direct reclaim may run inside a fault, under that fault's shared VMA lock:
+//! they only ever try-lock pages and VMA locks, so they cannot deadlock against
+//! that fault or an `munmap` queued behind it. A space that a walk resolved is
+//! dropped only with the `RmapWalkControl`, after every page lock is released
+//! (its drop unmaps the whole space).
+//!
+//! # Locking letters
+//!
+//! The struct comments say who writes each field, after FreeBSD's
+//! `vm_page.h`; a field read without its lock is a snapshot. This is the one
+//! legend; mmkit-core's `Page` and every annotated struct refer to it.
+//!
+//! - (A) atomic: written with atomic operations under no lock.
+//! - (C) compare-and-swap by whoever makes the transition (the freeing or
+//!   the allocating CPU, a fault installing an entry), under no lock.
+//! - (O) the owner of an allocated block: whoever `alloc_pages` handed it to
+//!   (for a mapped data page or a page-table page, the address space that
+//!   faulted it in, under its VMA lock); the allocator writes these words
+//!   only when it hands the block out or takes it back.
+//! - (V) the space's VMA lock, held exclusive (or shared, for a CAS from 0).
+//! - (P) the page lock of the frame.
+//! - (Z) the zone lock.
+//! - (L) the LRU lock of the frame's shard.
+//! - (S) the swap cluster lock of the slot.
+//! - (D) the swap device lock (`si_lock`).
+//! - (T) the swap device table, held for writing.
+//! - (N) the space's NUMA scan state mutex.
+//! - (K) a kthread's control mutex.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -108,7 +108,8 @@ type Trunk = HashMap<u32, u32, BuildHasherDefault<SlotHasher>>;
 
 enum Index {
     Trunks(Box<[CachePadded<StatLock<Trunk>>]>),
-    /// `pfn + 1` per slot, 0 when empty.
+    /// `pfn + 1` per slot, 0 when empty: (S) written under the slot's cluster
+    /// lock, read without it (locking letters: see `rmap.rs`).
     Table(Box<[AtomicU32]>),
 }
 

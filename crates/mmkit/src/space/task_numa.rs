@@ -42,8 +42,10 @@
 //!
 //! Invariants: the counters are exact (`numa_balancing/counters.rs`); `hint faults = local +
 //! remote`; every migration attempt ends in exactly one of success or one cause.
-//! Locking: `ScanState` is under its mutex (a leaf, held for bookkeeping only,
-//! never across a page-table walk, an allocation or a migration); the scan runs
+//! Locking (the order is in `rmap.rs`): `ScanState` is under its mutex (a
+//! leaf, held for bookkeeping only, never across a page-table walk, an
+//! allocation or a migration); the hint fault records its accessor under the
+//! page lock (`xchg_last_cpupid_mapped`), released before it migrates; the scan runs
 //! under the shared VMA lock (`change_prot_numa`); the hint fault's migration
 //! runs inside the fault (shared VMA lock held) and only try-locks (`migrate.rs`).
 
@@ -87,9 +89,10 @@ const EARLY_SEQS: u64 = 4;
 pub(super) struct SpaceNumab {
     pub(super) enabled: AtomicBool,
     stats: NumabCounters,
-    /// Scan sequences completed (read without the lock by the fault path).
+    /// (N) Scan sequences completed (read without the lock by the fault
+    /// path; locking letters: see `rmap.rs`).
     scan_seq: AtomicU64,
-    /// The preferred node + 1 (0: none yet).
+    /// (N) The preferred node + 1 (0: none).
     preferred: AtomicU32,
     /// The space's scan clock in ns (`task_tick_numa.rs`): its threads' CPU time,
     /// or the declared cost of its accesses.
@@ -97,7 +100,7 @@ pub(super) struct SpaceNumab {
     /// The clock value at which the next automatic pass is due (`u64::MAX`
     /// while a claimed pass runs).
     pub(super) next_scan_ns: AtomicU64,
-    /// The last decision's `avoid_targets`, for the tick to read unlocked.
+    /// (N) The last decision's `avoid_targets`, for the tick to read unlocked.
     pub(super) avoid_bits: AtomicU64,
     state: Mutex<Option<ScanState>>,
     kthread: Mutex<Option<Kthread<()>>>,

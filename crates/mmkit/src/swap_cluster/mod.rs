@@ -194,15 +194,20 @@ struct SiState {
     rng: u64,
 }
 
-/// The swap map and slot allocator of one device.
+/// The swap map and slot allocator of one device. Fields read without their
+/// lock carry a locking letter (legend in `rmap.rs`).
 pub(crate) struct SwapMap {
     policy: SwapAllocPolicy,
     nr_slots: u32,
+    /// (S) A byte per slot (see the module header): written under the
+    /// slot's cluster lock, read without it by scans and statistics.
     swap_map: Box<[AtomicU8]>,
     clusters: Box<[CachePadded<StatLock<ClusterState>>]>,
     si_lock: StatLock<SiState>,
     /// `PerCpuCluster`'s per-CPU cursors (Linux's `percpu_swap_cluster`).
     pcp: Box<[CachePadded<StatLock<PcpCursor>>]>,
+    /// (S) Slots in use (Linux's `inuse_pages`): changed under the cluster
+    /// lock of the slot that changed, read without a lock.
     inuse: AtomicU64,
     pub(crate) cluster_lock_stats: LockClassStats,
     pub(crate) si_lock_stats: LockClassStats,

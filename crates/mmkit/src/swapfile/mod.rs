@@ -230,9 +230,10 @@ pub(crate) struct SwapInfoStruct {
     pub(crate) map: SwapMap,
     pub(crate) cache: SwapCache,
     pub(crate) io: SwapIo,
-    /// Takes allocations (Linux's `SWP_WRITEOK`): false once `swapoff` began.
+    /// (T) Takes allocations (Linux's `SWP_WRITEOK`): false once `swapoff`
+    /// began. (Locking letters: see `rmap.rs`.)
     pub(crate) writeok: AtomicBool,
-    /// In the table (false once `swapoff` removed it).
+    /// (T) In the table (false once `swapoff` removed it).
     pub(crate) on: AtomicBool,
     pub(crate) totals: Arc<SwapTotals>,
 }
