@@ -49,7 +49,8 @@
 //!
 //! ```text
 //! swapon_mutex                  swapfile.rs: swapon, swapoff (serialises them)
-//!   device table, write (T)     swapfile.rs: swapon, swapoff, set_allocatable
+//!   device table, write (T)     swapfile.rs: swapon, swapoff (set_allocatable
+//!                               takes it holding nothing)
 //! NUMA kthread handle           space/task_numa.rs: set_numa_balancing
 //!   Kthread control mutex (K)   kthread.rs: start, wake, park, stop (see the
 //!                               leaves below: also taken alone)
@@ -61,7 +62,8 @@
 //!                               for mmap, munmap, mbind's VMA split
 //!   page lock (P)               rmap.rs: blocking, at most one at a time: an
 //!                               access's copy, with_page, do_swap_page,
-//!                               read_swap_cache's new page, the hint fault's
+//!                               read_swap_cache's new page, unuse,
+//!                               try_to_reclaim_swap (zap), the hint fault's
 //!                               last_cpupid (task_numa.rs)
 //!     [the page side's locks from the device table on, as below]
 //!   policy table                space/mempolicy.rs: a fault's policy lookup,
