@@ -18,7 +18,8 @@
 //! Invariants: `swapon` validates everything (size, priority, path, duplicate
 //! file, free type) before it creates anything, and removes a file it created if
 //! a later step fails: a refused call changes nothing. `swapoff` refuses a device
-//! with slots in use (bringing the pages back belongs to reclaim). A [`SwapId`]
+//! with slots in use (`Mm::swapoff` brings the pages back first: `unuse` in
+//! `space/swap.rs`). A [`SwapId`]
 //! carries a generation, so an id of a device that went off names nothing, even
 //! after its type is reused. A [`DeviceRef`] keeps its device alive after
 //! `swapoff` took it out of the table (see `swap_device.rs`). [`SwapTotals`]
