@@ -97,6 +97,12 @@
 //!   swap-cache trunk lock       swap_state.rs, Trunks index (leaf)
 //!   io_uring ring mutex         page_io.rs: one submission and its
 //!                               completions (leaf)
+//!   NBD send lock (link)        nbd/conn.rs: a request's send, the reader's
+//!                               reconnect
+//!     NBD request slot state    nbd/conn.rs, nbd/reader.rs (also alone)
+//!   NBD free list, shut_fd      nbd/conn.rs (leaves)
+//!   NBD trim gate               nbd/trim.rs: parks a write behind a trim in
+//!                               flight (leaf; the trimmer sends unlocked)
 //!   lru_add batch mutex         lru.rs: per CPU; remote only in drain_all
 //!     LRU shard lock (L)        lru.rs: one shard at a time
 //!   readahead queue             swap_state.rs (leaf: no page lock under it)
