@@ -124,7 +124,6 @@ fn numa_hint_faults_restore_the_entry() {
 #[test]
 fn hint_fault_records_its_accessor_only_on_a_page_still_mapped() {
     use crate::numa_balancing::Cpupid;
-    use crate::pgtable::desc;
     use crate::Gfp;
     let mm = mm();
     let s = mm.new_space().unwrap();
