@@ -65,7 +65,8 @@
 //!                               read_swap_cache's new page, unuse,
 //!                               try_to_reclaim_swap (zap), the hint fault's
 //!                               last_cpupid (task_numa.rs)
-//!     [the page side's locks from the device table on, as below]
+//!   [with or without that page lock: the page side's locks from the
+//!    device table on, as below (zap's swap_free, lru_cache_add, swap-in)]
 //!   policy table                space/mempolicy.rs: a fault's policy lookup,
 //!                               mbind/set_mempolicy (leaf)
 //!   NUMA scan state (N)         space/task_numa.rs: the hint fault's and the
@@ -106,7 +107,6 @@
 //!   lru_add batch mutex         lru.rs: per CPU; remote only in drain_all
 //!     LRU shard lock (L)        lru.rs: one shard at a time
 //!   readahead queue             swap_state.rs (leaf: no page lock under it)
-//!   (allocator locks only after all of the above are dropped)
 //!
 //! leaves taken under any of the above
 //! Kthread control mutex (K)     kthread.rs: wake-ups from the slow path
@@ -114,7 +114,10 @@
 //! allocator (mmkit-core)        cache fence lock (pcp_cache.rs, remote sides
 //!                               of the per-CPU caches); per-CPU list lock
 //!                               (pcp.rs, try_lock by its owner) -> zone
-//!                               lock (Z) (zone.rs); nothing of mmkit under them
+//!                               lock (Z) (zone.rs); nothing of mmkit under
+//!                               them: the slow path calls its hooks (direct
+//!                               reclaim and compaction, try-locks only) with
+//!                               none of them held
 //! ```
 //!
 //! **The cluster and device locks flip between swap allocation policies**
