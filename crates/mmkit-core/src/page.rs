@@ -135,7 +135,8 @@ pub(crate) const fn fl_mt(f: u32) -> usize {
 /// Who may write each field, and under which lock, in the locking letters
 /// whose one legend is in the header of mmkit's `rmap.rs` (after FreeBSD's
 /// `vm_page.h`): here (A) atomic, (C) compare-and-swap, (O) the block's
-/// owner, (Z) the zone lock, (P) the page lock, (L) the LRU lock.
+/// owner, (Z) the zone lock, (P) the page lock, (L) the LRU lock; the other
+/// structs of this crate also use (Q), the per-CPU list lock.
 ///
 /// The `private` word has one meaning per kind of owner, each with a named
 /// accessor that every site uses: [`pt_used`](Page::pt_used) (a page-table

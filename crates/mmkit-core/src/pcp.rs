@@ -125,6 +125,8 @@ pub(crate) struct PcpInner {
 #[repr(align(128))]
 pub struct PerCpuPages {
     pub(crate) lock: PcpLock,
+    /// (Q) `count` as of the last unlock, for lockless statistics (locking
+    /// letters: see `Page`).
     pub(crate) count_mirror: AtomicU32,
     inner: UnsafeCell<PcpInner>,
 }

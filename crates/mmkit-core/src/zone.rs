@@ -115,6 +115,7 @@ pub struct Zone<P: Platform> {
     /// (Z) `nr_free` as of the last unlock, for lockless watermark checks
     /// (locking letters: see `Page`).
     pub(crate) nr_free_mirror: AtomicU64,
+    /// (Z) The high-atomic reserve's size, published the same way.
     pub(crate) nr_highatomic_mirror: AtomicU64,
     /// Compaction's per-zone state: deferral, cached scanner positions, counters
     /// by order (atomics, see `compaction/`).

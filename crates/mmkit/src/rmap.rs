@@ -161,6 +161,7 @@
 //! - (V) the space's VMA lock, held exclusive (or shared, for a CAS from 0).
 //! - (P) the page lock of the frame.
 //! - (Z) the zone lock.
+//! - (Q) the per-CPU page list lock (`PcpLock`).
 //! - (L) the LRU lock of the frame's shard.
 //! - (S) the swap cluster lock of the slot.
 //! - (D) the swap device lock (`si_lock`).
