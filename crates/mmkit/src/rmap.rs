@@ -48,8 +48,8 @@
 //! struct comments use (legend below).
 //!
 //! ```text
-//! swapon_mutex                  swapfile.rs: swapon, swapoff (serialises them)
-//!   device table, write (T)     swapfile.rs: swapon, swapoff (set_allocatable
+//! swapon_mutex                  swapfile/: swapon, swapoff (serialises them)
+//!   device table, write (T)     swapfile/: swapon, swapoff (set_allocatable
 //!                               takes it holding nothing)
 //! NUMA kthread handle           space/task_numa.rs: set_numa_balancing
 //!   Kthread control mutex (K)   kthread.rs: start, wake, park, stop (see the
@@ -81,13 +81,13 @@
 //!   registry mutex              registry.rs: resolve an id (leaf)
 //!   VMA lock (V), try_read only rmap_walk
 //!     PTE                       compare-and-swap, no lock
-//!   device table, read (T)      swapfile.rs: SwapDevices::get (pin a
+//!   device table, read (T)      swapfile/: SwapDevices::get (pin a
 //!                               device), get_swap_pages, statistics
-//!     per-CPU swap cursor       swap_cluster.rs, PerCpuCluster only: slot
+//!     per-CPU swap cursor       swap_cluster/, PerCpuCluster only: slot
 //!                               allocation, drain_percpu
 //!       cluster lock (S)
 //!         device lock (D)       a cluster used up goes back on a list
-//!     device lock (D)           swap_cluster.rs: list moves; with the two
+//!     device lock (D)           swap_cluster/: list moves; with the two
 //!                               cursor policies every allocation
 //!       cluster lock (S)        PerCpuCluster: try_lock only (isolate_cluster);
 //!                               cursor policies: blocking
@@ -96,7 +96,7 @@
 //!                               and deletes (swap_state.rs)
 //!     device lock (D)           PerCpuCluster: a free that moves the cluster
 //!   swap-cache trunk lock       swap_state.rs, Trunks index (leaf)
-//!   io_uring ring mutex         page_io.rs: one submission and its
+//!   io_uring ring mutex         page_io/: one submission and its
 //!                               completions (leaf)
 //!   NBD send lock (link)        nbd/conn.rs: a request's send, the reader's
 //!                               reconnect
@@ -121,7 +121,7 @@
 //! ```
 //!
 //! **The cluster and device locks flip between swap allocation policies**
-//! (`swap_cluster.rs`). `PerCpuCluster` (Linux 6.15): per-CPU cursor ->
+//! (`swap_cluster/`). `PerCpuCluster` (Linux 6.15): per-CPU cursor ->
 //! cluster lock -> device lock; allocation and frees take a cluster lock
 //! first and the device lock under it only to move the cluster between lists,
 //! and the one path that holds the device lock and wants a cluster

@@ -31,7 +31,6 @@ const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
 const FLAG_NO_ZEROES: u16 = 1 << 1;
 
 const OPT_EXPORT_NAME: u32 = 1;
-const OPT_ABORT: u32 = 2;
 const OPT_GO: u32 = 7;
 const OPT_STRUCTURED_REPLY: u32 = 8;
 
@@ -316,15 +315,6 @@ pub(crate) fn handshake(fd: OwnedFd, uri: &NbdUri) -> io::Result<(OwnedFd, Expor
 /// Clears the receive timeout (an idle connection is normal in transmission).
 pub(crate) fn clear_rcvtimeo(fd: &OwnedFd) -> io::Result<()> {
     set_timeo(fd.as_raw_fd(), libc::SO_RCVTIMEO, None)
-}
-
-/// Abandons a negotiation politely (best effort).
-#[allow(dead_code)]
-pub(crate) fn abort(fd: &OwnedFd) {
-    let mut m = [0u8; 16];
-    m[..8].copy_from_slice(&IHAVEOPT.to_be_bytes());
-    m[8..12].copy_from_slice(&OPT_ABORT.to_be_bytes());
-    let _ = send_all(fd.as_raw_fd(), &m);
 }
 
 /// A request header (28 bytes).
