@@ -32,6 +32,7 @@ use crossbeam_utils::CachePadded;
 use mmkit_core::{Platform, VmEvent};
 
 use crate::pgtable::SwapEntry;
+use crate::swap_cluster::SWAP_HAS_CACHE;
 use crate::swapfile::{SwapDevices, SwapError, SwapInfoStruct};
 use crate::{Mm, StdPlatform};
 
@@ -176,6 +177,12 @@ impl SwapInfoStruct {
     pub(crate) fn swap_free(&self, entry: SwapEntry) -> Result<u8, SwapError> {
         let slot = self.slot(entry)?;
         Ok(self.map.swap_free(slot, &mut |x| self.on_free(x))?)
+    }
+
+    /// The PTE references `entry`'s slot holds (its map count without the
+    /// cache's), a snapshot.
+    pub(crate) fn swap_count(&self, entry: SwapEntry) -> Result<u8, SwapError> {
+        Ok(self.map.map_count(self.slot(entry)?) & !SWAP_HAS_CACHE)
     }
 
     /// Claims the swap-cache reference of an in-use entry (`swapcache_prepare`).

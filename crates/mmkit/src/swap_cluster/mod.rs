@@ -274,7 +274,7 @@ impl SwapMap {
         self.inuse.load(Ordering::Relaxed)
     }
     /// The map byte of a slot (a racy snapshot).
-    #[cfg_attr(any(not(test), loom), allow(dead_code))] // used by the unit tests
+    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn map_count(&self, slot: u32) -> u8 {
         self.swap_map[slot as usize].load(Ordering::Relaxed)
     }
