@@ -17,6 +17,7 @@ pub mod compaction;
 pub mod config;
 pub mod gfp;
 pub mod lru;
+pub mod lru_policy;
 pub mod node;
 pub mod page;
 mod page_alloc;
@@ -33,6 +34,7 @@ pub use crate::page_alloc::{
 pub use compaction::{CompactControl, CompactMode, CompactPriority, CompactResult, CompactStats};
 pub use config::{Config, MergePolicy, PcpHighPolicy, PcpPolicy, RefillPolicy};
 pub use gfp::{AllocContext, Gfp, MigrateType, MIGRATE_PCPTYPES, MIGRATE_TYPES};
+pub use lru_policy::LruPolicy;
 pub use node::{
     find_next_best_node, DistanceError, Distances, NodeMask, NodeMaskIter, NodeStates, Zonelists,
     LOCAL_DISTANCE, MAX_NUMNODES, REMOTE_DISTANCE, UNREACHABLE_DISTANCE,

@@ -38,6 +38,9 @@ pub struct LruLinks {
     next: Box<[AtomicU32]>,
     prev: Box<[AtomicU32]>,
     which: Box<[AtomicU8]>,
+    /// The policy's per-frame state (`lru_policy::LRU_*` bits, Linux's
+    /// `PG_referenced`/`PG_workingset`/use counter); kept across isolation.
+    state: Box<[AtomicU8]>,
 }
 
 impl LruLinks {
@@ -48,7 +51,19 @@ impl LruLinks {
             next: v(LRU_NIL).into_boxed_slice(),
             prev: v(LRU_NIL).into_boxed_slice(),
             which: (0..nr_pages).map(|_| AtomicU8::new(ON_NONE)).collect(),
+            state: (0..nr_pages).map(|_| AtomicU8::new(0)).collect(),
         }
+    }
+
+    /// The policy state of `pfn` (`lru_policy::LRU_*`), read by whoever owns
+    /// its place on the lists (the LRU lock, its isolator, its fault).
+    pub fn state(&self, pfn: u32) -> u8 {
+        self.state[pfn as usize].load(Ordering::Relaxed)
+    }
+
+    /// Sets the policy state of `pfn` (same owners as [`state`](Self::state)).
+    pub fn set_state(&self, pfn: u32, v: u8) {
+        self.state[pfn as usize].store(v, Ordering::Relaxed);
     }
 
     /// The list `pfn` is on (under its node's lock).

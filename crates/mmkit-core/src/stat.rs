@@ -119,16 +119,28 @@ vm_events! {
     PgStealKswapd = "pgsteal_kswapd",
     /// Pages reclaimed by direct reclaim.
     PgStealDirect = "pgsteal_direct",
-    /// Inactive pages moved to the active list (referenced).
+    /// Pages moved to the active list (referenced at the inactive tail, or a
+    /// refault activated).
     PgActivate = "pgactivate",
-    /// Active pages moved to the inactive list (not referenced).
+    /// Active pages moved to the inactive list.
     PgDeactivate = "pgdeactivate",
+    /// Swap-ins that found a shadow of their eviction (Linux's
+    /// `workingset_refault_anon`).
+    WorkingsetRefaultAnon = "workingset_refault_anon",
+    /// Of those, refaults recent enough to be activated at once.
+    WorkingsetActivateAnon = "workingset_activate_anon",
+    /// Of those, pages that were in the working set (active) before their
+    /// eviction.
+    WorkingsetRestoreAnon = "workingset_restore_anon",
     /// Allocations that entered direct reclaim.
     AllocStall = "allocstall",
     /// Pages read ahead from swap.
     SwapRa = "swap_ra",
     /// Swap faults served by a page read ahead.
     SwapRaHit = "swap_ra_hit",
+    /// Swap-ins with memory and swap full that exchanged with a resident
+    /// page: it went out into the incoming page's slot (mmkit's own).
+    SwapExchange = "swap_exchange",
     /// Swap-ins refused for a checksum mismatch (mmkit's own).
     SwapChecksumFail = "swap_checksum_fail",
     /// Swap reads and writes the device refused (mmkit's own).

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mmkit_core::{
-    Config, MergePolicy, PageAlloc, PcpHighPolicy, PcpPolicy, RefillPolicy, PAGE_SIZE,
+    Config, LruPolicy, MergePolicy, PageAlloc, PcpHighPolicy, PcpPolicy, RefillPolicy, PAGE_SIZE,
 };
 
 use crate::compaction::{self, CompactConfig};
@@ -58,6 +58,9 @@ pub enum Variant {
     /// `Mmkit` whose spaces leave NUMA balancing off (the lab does not turn it
     /// on; the builder's scan policy stays `Adaptive`).
     MmkitNumabOff,
+    /// `Mmkit` with Linux 6.18's classic anon LRU rules
+    /// ([`LruPolicy::Classic`]) instead of the probation/protected lists.
+    MmkitLruClassic,
 }
 
 impl Variant {
@@ -84,6 +87,18 @@ impl Variant {
             Variant::MmkitNumabLinux => "mmkit-numab-linux",
             Variant::MmkitNumab40 => "mmkit-numab-4.0",
             Variant::MmkitNumabOff => "mmkit-numab-off",
+            Variant::MmkitLruClassic => "mmkit-lru-classic",
+        }
+    }
+    /// The eviction policy variants (`mmkit` is the `Protected` one).
+    pub const LRU: [Variant; 2] = [Variant::Mmkit, Variant::MmkitLruClassic];
+    /// The anonymous LRU's eviction policy: Linux 6.18's classic rules for
+    /// `mmkit-lru-classic`, mmkit's for the others (the allocator and swap
+    /// baselines compare those mechanisms alone).
+    pub const fn lru_policy(self) -> LruPolicy {
+        match self {
+            Variant::MmkitLruClassic => LruPolicy::Classic,
+            _ => LruPolicy::Protected,
         }
     }
     /// The NUMA balancing variants (`mmkit` is the Adaptive one).
@@ -98,6 +113,7 @@ impl Variant {
         Variant::ALL
             .into_iter()
             .chain(Variant::NUMAB)
+            .chain(Variant::LRU)
             .find(|v| v.name() == s)
     }
     /// The NUMA balancing scan policy, or None where balancing stays off.
@@ -152,7 +168,8 @@ impl Variant {
             | Variant::MmkitSwap618
             | Variant::MmkitNumabLinux
             | Variant::MmkitNumab40
-            | Variant::MmkitNumabOff => (
+            | Variant::MmkitNumabOff
+            | Variant::MmkitLruClassic => (
                 PcpPolicy::On,
                 MergePolicy::Lazy,
                 RefillPolicy::Cluster,
@@ -204,6 +221,7 @@ pub struct MmBuilder {
     swap_free: SwapFreePolicy,
     swap_ra: SwapReadahead,
     lru_sharded: bool,
+    lru_policy: LruPolicy,
     kswapd: bool,
     numab: (ScanPolicy, ScanParams, ScanTrigger),
 }
@@ -244,6 +262,7 @@ impl MmBuilder {
             swap_free: SwapFreePolicy::KeepWhileRoom,
             swap_ra: SwapReadahead::Vma,
             lru_sharded: true,
+            lru_policy: LruPolicy::Protected,
             kswapd: true,
             numab: (
                 ScanPolicy::Adaptive,
@@ -312,6 +331,13 @@ impl MmBuilder {
         self
     }
 
+    /// The anonymous LRU's eviction policy (default [`LruPolicy::Protected`],
+    /// mmkit's; [`LruPolicy::Classic`] is Linux 6.18's).
+    pub fn lru_policy(mut self, p: LruPolicy) -> Self {
+        self.lru_policy = p;
+        self
+    }
+
     /// What a swap-in reads ahead (default [`SwapReadahead::Vma`], as Linux's;
     /// its window closes by itself under random access).
     pub fn swap_readahead(mut self, ra: SwapReadahead) -> Self {
@@ -345,6 +371,7 @@ impl MmBuilder {
         (self.swap_alloc, self.swap_cache) = v.swap_policies();
         self.swap_free = v.swap_free_policy();
         self.lru_sharded = v.lru_sharded();
+        self.lru_policy = v.lru_policy();
         if let Some(p) = v.numa_balancing() {
             self.numab.0 = p;
         }
@@ -500,7 +527,13 @@ impl MmBuilder {
             id: NEXT_MM_ID.fetch_add(1, Ordering::Relaxed),
             node_access,
             numa_note,
-            lru: crate::lru::Lru::new(nr_pages, nr_nodes, nr_cpus, self.lru_sharded),
+            lru: crate::lru::Lru::new(
+                nr_pages,
+                nr_nodes,
+                nr_cpus,
+                self.lru_sharded,
+                self.lru_policy,
+            ),
             swap: SwapDevices::new(
                 self.swap_alloc,
                 self.swap_cache,

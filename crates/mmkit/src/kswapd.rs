@@ -71,13 +71,16 @@ fn start_one(inner: &Arc<MmInner>, k: &Kthread<bool>, nid: usize) {
 }
 
 /// Linux's `balance_pgdat`: reclaims on node `nid` until it is balanced.
+/// Ends with Linux's `snapshot_refaults` (the Classic policy deactivates
+/// while refaults are activated between two runs).
 fn balance_node(mm: &Mm, nid: usize) {
     for _ in 0..MAX_BATCHES_PER_RUN {
-        if mm.node_balanced(nid) || !mm.can_swap_out() {
-            return;
-        }
-        if shrink_node(mm, nid, SWAP_CLUSTER_MAX, Reclaimer::Kswapd) == 0 {
-            return;
+        if mm.node_balanced(nid)
+            || !mm.can_swap_out()
+            || shrink_node(mm, nid, SWAP_CLUSTER_MAX, Reclaimer::Kswapd) == 0
+        {
+            break;
         }
     }
+    crate::workingset::snapshot_refaults(mm, nid);
 }

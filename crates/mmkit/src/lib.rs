@@ -61,6 +61,7 @@ mod sync;
 mod topology;
 mod views;
 mod vmscan;
+mod workingset;
 
 use std::sync::Arc;
 
@@ -74,9 +75,9 @@ pub use mmkit_core;
 pub use mmkit_core::clear::{ClearPlan, ClearStrategy, PlanSource};
 pub use mmkit_core::node::{Distances, NodeMask};
 pub use mmkit_core::{
-    CompactPriority, CompactResult, CompactStats, Config, Gfp, LockStats, MergePolicy, MigrateType,
-    PcpHighPolicy, PcpPolicy, Pfn, RefillPolicy, VmEvent, VmEvents, ZoneInfo, MAX_ORDER,
-    PAGEBLOCK_ORDER, PAGE_SIZE,
+    CompactPriority, CompactResult, CompactStats, Config, Gfp, LockStats, LruPolicy, MergePolicy,
+    MigrateType, PcpHighPolicy, PcpPolicy, Pfn, RefillPolicy, VmEvent, VmEvents, ZoneInfo,
+    MAX_ORDER, PAGEBLOCK_ORDER, PAGE_SIZE,
 };
 pub use mmkit_core::{NodeReq, NumaStats};
 pub use nbd::{NbdBackend, NbdStats};

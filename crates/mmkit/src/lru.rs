@@ -48,8 +48,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 use mmkit_core::lru::{LruLinks, LruLists};
+use mmkit_core::lru_policy::LRU_ACTIVATE;
 use mmkit_core::page::{PG_LRU, PG_LRU_ADD};
-use mmkit_core::{LockStats, PageState, Platform};
+use mmkit_core::{LockStats, LruPolicy, PageState, Platform};
 
 pub(crate) use mmkit_core::lru::LruList;
 
@@ -86,6 +87,10 @@ pub(crate) struct Lru {
     /// reclaim's sizing decisions never take a lock (Linux's lruvec sizes):
     /// written under the shard's lock, read without it.
     lens: Box<[CachePadded<[AtomicU64; 2]>]>,
+    /// The eviction policy (`mmkit_core::lru_policy`).
+    pub(crate) policy: LruPolicy,
+    /// Per node: the refault clocks (`workingset.rs`).
+    pub(crate) workingset: crate::workingset::NodeAges,
 }
 
 /// One list set: the lists, and the pages their huge entries stand for
@@ -161,7 +166,13 @@ fn linkable(mm: &Mm, pfn: u32) -> bool {
 impl Lru {
     /// The lists of `nr_pages` frames on `nr_nodes` nodes; `sharded`: a
     /// shard per CPU (mmkit), else one pair of lists per node (Linux).
-    pub(crate) fn new(nr_pages: u64, nr_nodes: usize, nr_cpus: usize, sharded: bool) -> Lru {
+    pub(crate) fn new(
+        nr_pages: u64,
+        nr_nodes: usize,
+        nr_cpus: usize,
+        sharded: bool,
+        policy: LruPolicy,
+    ) -> Lru {
         let nr_nodes = nr_nodes.max(1);
         let shards = if sharded {
             nr_cpus.clamp(1, MAX_LRU_SHARDS).next_power_of_two()
@@ -188,7 +199,20 @@ impl Lru {
             lens: (0..nr_nodes * shards)
                 .map(|_| CachePadded::new([AtomicU64::new(0), AtomicU64::new(0)]))
                 .collect(),
+            policy,
+            workingset: crate::workingset::NodeAges::new(nr_nodes),
         }
+    }
+
+    /// The policy state of `pfn` (`lru_policy::LRU_*`): for its isolator, or
+    /// the fault that maps it before queueing it.
+    pub(crate) fn state(&self, pfn: Pfn) -> u8 {
+        self.links.state(pfn.get() as u32)
+    }
+
+    /// Sets the policy state of `pfn` (same owners as [`state`](Self::state)).
+    pub(crate) fn set_state(&self, pfn: Pfn, v: u8) {
+        self.links.set_state(pfn.get() as u32, v);
     }
 
     /// Locks list set `i` (`nid * shards + shard`).
@@ -270,9 +294,14 @@ impl Lru {
     }
 
     /// Linux's `folio_add_lru`: queues newly mapped pages on this CPU's batch,
-    /// draining it to the lists (one LRU lock hold) when it is full.
-    pub(crate) fn lru_cache_add(&self, mm: &Mm, pfns: &[Pfn]) {
-        for &p in pfns {
+    /// draining it to the lists (one LRU lock hold) when it is full. The first
+    /// page starts with the policy state `first`, the others with `rest`
+    /// (`lru_policy::LRU_*`; `LRU_ACTIVATE` links it on the active list).
+    pub(crate) fn lru_cache_add(&self, mm: &Mm, pfns: &[Pfn], first: u8, rest: u8) {
+        for (i, &p) in pfns.iter().enumerate() {
+            // Before the flag: a drain that sees the flag sees the state.
+            self.links
+                .set_state(p.get() as u32, if i == 0 { first } else { rest });
             desc(mm, p).set_flag(PG_LRU_ADD);
         }
         let cpu = StdPlatform::cpu_id() % self.batches.len();
@@ -296,7 +325,8 @@ impl Lru {
     }
 
     /// Links the pages of a batch that are still mapped and not yet on a list to
-    /// the head of their node's inactive list, one lock hold per node.
+    /// the head of their node's inactive list (the active one for a page
+    /// queued with `LRU_ACTIVATE`), one lock hold per node.
     fn add_batch(&self, mm: &Mm, pfns: &[u32]) {
         self.per_set(mm, pfns, |l, pfn| {
             let d = desc(mm, Pfn::new(pfn as u64));
@@ -306,7 +336,14 @@ impl Lru {
             }
             d.clear_flag(PG_LRU_ADD);
             if !l.on_lru(pfn) && linkable(mm, pfn) {
-                l.add(pfn, LruList::Inactive);
+                let st = l.links.state(pfn);
+                let list = if st & LRU_ACTIVATE != 0 {
+                    l.links.set_state(pfn, st & !LRU_ACTIVATE);
+                    LruList::Active
+                } else {
+                    LruList::Inactive
+                };
+                l.add(pfn, list);
                 d.set_flag(PG_LRU);
             }
         });
@@ -337,9 +374,10 @@ impl Lru {
     }
 
     /// Migration moved `old` to `new` (whose reverse map is set): `new` takes
-    /// `old`'s place (or goes on the inactive list when `old` was pending in a
-    /// batch). Called before the PTE maps `new` (`migrate.rs`): until then no
-    /// one else can unmap or free `new`, so it is still linkable here.
+    /// `old`'s place and policy state (or goes on the inactive list when `old`
+    /// was pending in a batch). Called before the PTE maps `new` (`migrate.rs`):
+    /// until then no one else can unmap or free `new`, so it is still linkable
+    /// here.
     pub(crate) fn replace(&self, mm: &Mm, old: Pfn, new: Pfn) {
         debug_assert!(
             linkable(mm, new.get() as u32),
@@ -347,10 +385,12 @@ impl Lru {
         );
         let mut l = self.lock(mm, self.set_of(mm, old.get() as u32));
         let list = l.del(old.get() as u32).unwrap_or(LruList::Inactive);
+        let st = l.links.state(old.get() as u32) & !LRU_ACTIVATE;
         desc(mm, old).clear_flag(PG_LRU);
         drop(l);
         let mut l = self.lock(mm, self.set_of(mm, new.get() as u32));
         if !l.on_lru(new.get() as u32) {
+            l.links.set_state(new.get() as u32, st);
             l.add(new.get() as u32, list);
             desc(mm, new).set_flag(PG_LRU);
         }
@@ -438,6 +478,9 @@ impl Lru {
                         }
                         if !matches!(d.order(), 0 | HPAGE_PMD_ORDER) {
                             return Err("on a list but neither order 0 nor a huge head");
+                        }
+                        if l.links.state(p) & LRU_ACTIVATE != 0 {
+                            return Err("linked with its lru_add placement hint left");
                         }
                         extra += extra_pages(mm, p);
                         Ok(())

@@ -573,6 +573,9 @@ mod tests {
         let s = mm.new_space().unwrap();
         let a = s.mmap(2 * PAGE_SIZE, MapFlags::empty()).unwrap();
         s.write(a + PAGE_SIZE as u64, &[7]).unwrap();
+        // The fault is the page's insertion (no accessed bit); a use after it
+        // is a reference.
+        s.touch(a + PAGE_SIZE as u64, false).unwrap();
         let pfn = s.translate(a + PAGE_SIZE as u64).unwrap().pfn;
         let mut rwc = RmapWalkControl::default();
         {

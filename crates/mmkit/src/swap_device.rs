@@ -32,6 +32,7 @@ use crossbeam_utils::CachePadded;
 use mmkit_core::{Platform, VmEvent};
 
 use crate::pgtable::SwapEntry;
+use crate::swap_cluster::SWAP_HAS_CACHE;
 use crate::swapfile::{SwapDevices, SwapError, SwapInfoStruct};
 use crate::{Mm, StdPlatform};
 
@@ -178,6 +179,12 @@ impl SwapInfoStruct {
         Ok(self.map.swap_free(slot, &mut |x| self.on_free(x))?)
     }
 
+    /// The PTE references `entry`'s slot holds (its map count without the
+    /// cache's), a snapshot.
+    pub(crate) fn swap_count(&self, entry: SwapEntry) -> Result<u8, SwapError> {
+        Ok(self.map.map_count(self.slot(entry)?) & !SWAP_HAS_CACHE)
+    }
+
     /// Claims the swap-cache reference of an in-use entry (`swapcache_prepare`).
     pub(crate) fn swapcache_prepare(&self, entry: SwapEntry) -> Result<(), SwapError> {
         Ok(self.map.swapcache_prepare(self.slot(entry)?)?)
@@ -190,7 +197,6 @@ impl SwapInfoStruct {
     }
 
     /// Writes a page to an entry's slot (`swap_writepage`).
-    #[cfg_attr(any(not(test), loom), expect(dead_code))] // used by the unit tests
     pub(crate) fn swap_writepage(&self, entry: SwapEntry, page: &[u8]) -> Result<(), SwapError> {
         Ok(self.io.swap_writepage(self.slot(entry)?, page)?)
     }

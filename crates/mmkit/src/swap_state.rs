@@ -12,9 +12,16 @@
 //!   map's), lookups are one atomic load with no lock.
 //!
 //! Entries map a slot to a pfn (a `u32` page index); the page side keeps the
-//! reverse link. Invariants: at most one pfn per slot; an entry is inserted only
-//! where none is, and deleted only by naming the pfn it holds; `nr_cached` is the
-//! number of entries (per-CPU counters folded on read).
+//! reverse link. A slot whose page was evicted holds a shadow instead
+//! (`workingset.rs`: the eviction clock, node and workingset bit, tagged with
+//! `SHADOW_TAG`, as Linux 6.18's swap table holds NULL, a folio or a shadow):
+//! lookups do not see it, an insert replaces it, the refault reads it first
+//! (`swap_shadow`). A shadow left in a slot freed since is never read: only a
+//! PTE's swap entry leads to a swap-in, and every such entry was written by an
+//! eviction that left its own shadow (or none) in that slot.
+//! Invariants: at most one pfn per slot; an entry is inserted only where no page
+//! is, and deleted only by naming the pfn it holds; `nr_cached` is the number of
+//! page entries (per-CPU counters folded on read).
 //!
 //! A page in the swap cache has `PG_SWAPCACHE` and its entry in `swap_entry`;
 //! the page-side helpers (`Mm::swapcache_add`/`swapcache_drop`) change the
@@ -74,6 +81,7 @@ use crate::rmap::PageGuard;
 use crate::swap_cluster::{MapError, SwapMap, SWAP_ADDRESS_SPACE_PAGES};
 use crate::swapfile::{SwapError, SwapInfoStruct, SwapPins};
 use crate::sync::{LockClassStats, StatLock};
+use crate::workingset::SHADOW_TAG;
 use crate::{Error, Gfp, Mm, Pfn};
 
 /// Which index the swap cache uses (see the module header).
@@ -108,9 +116,15 @@ type Trunk = HashMap<u32, u32, BuildHasherDefault<SlotHasher>>;
 
 enum Index {
     Trunks(Box<[CachePadded<StatLock<Trunk>>]>),
-    /// `pfn + 1` per slot, 0 when empty: (S) written under the slot's cluster
-    /// lock, read without it (locking letters: see `rmap.rs`).
+    /// `pfn + 1` per slot, a shadow (`SHADOW_TAG` set), or 0 when empty: (S)
+    /// written under the slot's cluster lock, read without it (locking
+    /// letters: see `rmap.rs`).
     Table(Box<[AtomicU32]>),
+}
+
+/// Does a slot word hold a page (`pfn + 1`), rather than nothing or a shadow?
+fn is_page(word: u32) -> bool {
+    word != 0 && word & SHADOW_TAG == 0
 }
 
 /// The swap cache already holds a page for the slot.
@@ -192,20 +206,23 @@ impl SwapCache {
         slot: u32,
         pfn: u32,
     ) -> Result<(), CacheExists> {
-        assert!(pfn < u32::MAX, "pfn {pfn} does not fit a swap-table entry");
+        assert!(
+            pfn + 1 < SHADOW_TAG,
+            "pfn {pfn} does not fit a swap-table entry"
+        );
         match &self.index {
             Index::Trunks(t) => {
                 let mut g = Self::trunk(t, slot).lock(&self.trunk_lock_stats);
-                if let Some(&old) = g.get(&slot) {
-                    return Err(CacheExists { slot, pfn: old });
+                if let Some(&old) = g.get(&slot).filter(|&&w| is_page(w)) {
+                    return Err(CacheExists { slot, pfn: old - 1 });
                 }
-                g.insert(slot, pfn);
+                g.insert(slot, pfn + 1);
             }
             Index::Table(t) => {
                 let _ci = map.lock_cluster(slot);
                 let e = &t[slot as usize];
                 let old = e.load(Ordering::Relaxed);
-                if old != 0 {
+                if is_page(old) {
                     return Err(CacheExists { slot, pfn: old - 1 });
                 }
                 e.store(pfn + 1, Ordering::Release);
@@ -218,42 +235,93 @@ impl SwapCache {
     /// The pfn cached for `slot` (Linux's `swap_cache_get_folio`): a snapshot;
     /// the caller locks the page and checks it still caches the slot.
     pub(crate) fn lookup_swap_cache(&self, slot: u32) -> Option<u32> {
+        let word = self.word(slot);
+        is_page(word).then(|| word - 1)
+    }
+
+    /// The slot's word: 0, `pfn + 1` or a shadow.
+    fn word(&self, slot: u32) -> u32 {
         match &self.index {
             Index::Trunks(t) => Self::trunk(t, slot)
                 .lock(&self.trunk_lock_stats)
                 .get(&slot)
-                .copied(),
-            Index::Table(t) => match t[slot as usize].load(Ordering::Acquire) {
-                0 => None,
-                v => Some(v - 1),
-            },
+                .copied()
+                .unwrap_or(0),
+            Index::Table(t) => t[slot as usize].load(Ordering::Acquire),
         }
     }
 
-    /// Removes `slot -> pfn` (Linux's `__delete_from_swap_cache`); false (and no
-    /// change) when the slot does not cache that pfn.
-    pub(crate) fn delete_from_swap_cache(&self, map: &SwapMap, slot: u32, pfn: u32) -> bool {
-        let done = match &self.index {
+    /// The shadow the slot holds, if it holds one (Linux's
+    /// `swap_cache_get_shadow`); the refault's caller owns the slot's cache
+    /// reference, so nothing replaces it meanwhile.
+    pub(crate) fn swap_shadow(&self, slot: u32) -> Option<u32> {
+        let word = self.word(slot);
+        (word & SHADOW_TAG != 0).then_some(word)
+    }
+
+    /// Leaves `shadow` in a slot that caches no page (the victim of a swap-in
+    /// exchange, evicted into a slot no page is cached for); false when a page
+    /// is cached there.
+    pub(crate) fn set_shadow(&self, map: &SwapMap, slot: u32, shadow: u32) -> bool {
+        debug_assert!(shadow & SHADOW_TAG != 0);
+        match &self.index {
             Index::Trunks(t) => {
                 let mut g = Self::trunk(t, slot).lock(&self.trunk_lock_stats);
-                if g.get(&slot) == Some(&pfn) {
-                    g.remove(&slot);
-                    true
-                } else {
-                    false
+                if g.get(&slot).is_some_and(|&w| is_page(w)) {
+                    return false;
                 }
+                g.insert(slot, shadow);
             }
             Index::Table(t) => {
                 let _ci = map.lock_cluster(slot);
                 let e = &t[slot as usize];
-                if e.load(Ordering::Relaxed) == pfn.wrapping_add(1) && pfn != u32::MAX {
-                    e.store(0, Ordering::Release);
-                    true
-                } else {
-                    false
+                if is_page(e.load(Ordering::Relaxed)) {
+                    return false;
                 }
+                e.store(shadow, Ordering::Release);
             }
-        };
+        }
+        true
+    }
+
+    /// Removes `slot -> pfn` (Linux's `__delete_from_swap_cache`), leaving
+    /// `shadow` (a `SHADOW_TAG` word, or 0 for none) in its place; false (and
+    /// no change) when the slot does not cache that pfn.
+    pub(crate) fn delete_from_swap_cache(
+        &self,
+        map: &SwapMap,
+        slot: u32,
+        pfn: u32,
+        shadow: u32,
+    ) -> bool {
+        debug_assert!(shadow == 0 || shadow & SHADOW_TAG != 0);
+        let want = pfn.wrapping_add(1);
+        let done = is_page(want)
+            && match &self.index {
+                Index::Trunks(t) => {
+                    let mut g = Self::trunk(t, slot).lock(&self.trunk_lock_stats);
+                    if g.get(&slot) == Some(&want) {
+                        if shadow == 0 {
+                            g.remove(&slot);
+                        } else {
+                            g.insert(slot, shadow);
+                        }
+                        true
+                    } else {
+                        false
+                    }
+                }
+                Index::Table(t) => {
+                    let _ci = map.lock_cluster(slot);
+                    let e = &t[slot as usize];
+                    if e.load(Ordering::Relaxed) == want {
+                        e.store(shadow, Ordering::Release);
+                        true
+                    } else {
+                        false
+                    }
+                }
+            };
         if done {
             self.count(-1);
         }
@@ -359,16 +427,31 @@ impl SwapInfoStruct {
         self.cache.lookup_swap_cache(self.slot(entry).ok()?)
     }
 
-    /// Removes `entry -> pfn` from the swap cache; false when it was not there.
-    pub(crate) fn delete_from_swap_cache(&self, entry: SwapEntry, pfn: u32) -> bool {
+    /// Removes `entry -> pfn` from the swap cache, leaving `shadow` (a
+    /// `workingset.rs` shadow, 0 for none); false when it was not there.
+    pub(crate) fn delete_from_swap_cache(&self, entry: SwapEntry, pfn: u32, shadow: u32) -> bool {
         let Ok(slot) = self.slot(entry) else {
             return false;
         };
-        let done = self.cache.delete_from_swap_cache(&self.map, slot, pfn);
+        let done = self
+            .cache
+            .delete_from_swap_cache(&self.map, slot, pfn, shadow);
         if done {
             self.totals.cached(-1);
         }
         done
+    }
+
+    /// The shadow `entry`'s slot holds, if any (the caller owns the slot's
+    /// cache reference).
+    pub(crate) fn swap_shadow(&self, entry: SwapEntry) -> Option<u32> {
+        self.cache.swap_shadow(self.slot(entry).ok()?)
+    }
+
+    /// Leaves `shadow` in `entry`'s slot, which caches no page.
+    pub(crate) fn set_swap_shadow(&self, entry: SwapEntry, shadow: u32) -> bool {
+        self.slot(entry)
+            .is_ok_and(|slot| self.cache.set_shadow(&self.map, slot, shadow))
     }
 }
 
@@ -425,13 +508,30 @@ impl Mm {
                 };
             }
         }
+        // The slot's shadow first: the insert replaces it.
+        let shadow = dev.swap_shadow(entry);
         let mut lock = self.lock_page(page);
         self.swapcache_add(dev, &lock, entry);
         if let Err(e) = dev.swap_readpage(entry, lock.bytes_mut()) {
             self.swapin_undo(dev, lock);
             return Err(SwapInFail::Read(e));
         }
+        self.swapin_refault(page, shadow);
         Ok(SwapCacheRead::Read(lock))
+    }
+
+    /// The LRU state of a page just read back from a slot that held `shadow`
+    /// (Linux's `workingset_refault` in the swap-in): the policy's start
+    /// state, with `LRU_ACTIVATE` when the refault is recent. Kept in the
+    /// page's LRU state until the fault that maps it queues it (`lru_add`).
+    pub(crate) fn swapin_refault(&self, page: Pfn, shadow: Option<u32>) {
+        let lru = self.lru();
+        let base = lru.policy.new_page_state(lru.policy.fault_sets_young());
+        let st = match shadow.and_then(crate::workingset::Shadow::unpack) {
+            Some(sh) => crate::workingset::workingset_refault(self, sh, base),
+            None => base,
+        };
+        lru.set_state(page, st);
     }
 
     /// Takes back a page that `read_swap_cache` read and nothing mapped: out
@@ -562,9 +662,20 @@ impl Mm {
         dev: &SwapInfoStruct,
         page: &PageGuard<'_>,
     ) -> Option<SwapEntry> {
+        self.swapcache_evict(dev, page, 0)
+    }
+
+    /// `swapcache_drop` for a page evicted now: its slot keeps `shadow`
+    /// (`workingset_eviction`'s, packed; 0 for none).
+    pub(crate) fn swapcache_evict(
+        &self,
+        dev: &SwapInfoStruct,
+        page: &PageGuard<'_>,
+        shadow: u32,
+    ) -> Option<SwapEntry> {
         let entry = self.swapcache_entry(page)?;
         let d = desc(self, page.pfn());
-        if !dev.delete_from_swap_cache(entry, page.pfn().get() as u32) {
+        if !dev.delete_from_swap_cache(entry, page.pfn().get() as u32, shadow) {
             self.swap_bad_entry(entry, &"its page was not in its device's swap cache");
         }
         d.clear_flag(PG_SWAPCACHE);
@@ -616,9 +727,9 @@ mod tests {
                 );
             }
             assert_eq!(c.nr_cached(), 4);
-            assert!(!c.delete_from_swap_cache(&map, 7, 71));
-            assert!(c.delete_from_swap_cache(&map, 7, 70));
-            assert!(!c.delete_from_swap_cache(&map, 7, 70));
+            assert!(!c.delete_from_swap_cache(&map, 7, 71, 0));
+            assert!(c.delete_from_swap_cache(&map, 7, 70, 0));
+            assert!(!c.delete_from_swap_cache(&map, 7, 70, 0));
             assert_eq!(c.lookup_swap_cache(7), None);
             assert_eq!(c.nr_cached(), 3);
             match kind {
@@ -658,7 +769,7 @@ mod tests {
             assert_eq!(c.nr_cached(), nr as u64);
             for s in 0..nr {
                 let pfn = c.lookup_swap_cache(s).unwrap();
-                assert!(c.delete_from_swap_cache(&map, s, pfn));
+                assert!(c.delete_from_swap_cache(&map, s, pfn, 0));
             }
             assert_eq!(c.nr_cached(), 0);
         }

@@ -1,13 +1,18 @@
 //! Reclaim (Linux's `mm/vmscan.c` for anonymous pages): aging the LRU lists
-//! (`shrink_active_list`), swapping out cold pages (`shrink_inactive_list` ->
-//! `shrink_page_list`), the node-level loop (`shrink_node`) that kswapd and
-//! direct reclaim share, and `Mm::reclaim`.
+//! (`age_active` -> `shrink_active_list`), swapping out cold pages
+//! (`shrink_inactive_list` -> `shrink_page_list`), the node-level loop
+//! (`shrink_node`) that kswapd and direct reclaim share, `Mm::reclaim`, and
+//! the victim of a swap-in exchange at exhaustion (`exchange_victim`). What a
+//! page's accessed bit means is the LRU policy's (`mmkit_core::lru_policy`:
+//! mmkit's probation/protected clock, or Linux 6.18's classic rules); an
+//! eviction leaves a shadow in the slot (`workingset.rs`).
 //!
 //! Swap-out of one isolated page (it holds an isolation reference):
 //! 1. `trylock_page` (held: an access is using it, skip); only the mapping's and
 //!    the isolation's references (more: a pin or `with_page`, skip); the accessed
-//!    bit tested and cleared through the reverse map (`folio_referenced`): set
-//!    means activate, not reclaim.
+//!    bit tested and cleared through the reverse map (`folio_referenced`), and
+//!    the policy's verdict (`inactive_tail`): reclaim, keep on the inactive
+//!    list, or activate.
 //! 2. Slots for the batch (`get_swap_pages`), each page added to the swap cache.
 //!    The batch's devices are pinned once each (`SwapPins`: the device
 //!    `get_swap_pages` took the slots from, and those of pages still in the
@@ -20,8 +25,9 @@
 //!    the PTE's reference (`swap_duplicate`); RSS drops. An access that walked
 //!    before re-checks the PTE under the page lock and faults (`do_swap_page`),
 //!    finding the page in the swap cache and waiting for the page lock.
-//! 5. Out of the swap cache, slot keeps only the PTE's reference; the page's
-//!    references are dropped and it is freed.
+//! 5. Out of the swap cache, its slot entry replaced by the page's shadow;
+//!    the slot keeps only the PTE's reference; the page's references are
+//!    dropped and it is freed.
 //!
 //! Linux unmaps before writing; here the order is reversed because the page lock
 //! already keeps the bytes stable, and it makes a write error trivially safe.
@@ -47,8 +53,9 @@
 
 use std::sync::atomic::Ordering;
 
+use mmkit_core::lru_policy::{ActiveVerdict, TailVerdict};
 use mmkit_core::page::PG_DIRTY;
-use mmkit_core::{Platform, VmEvent};
+use mmkit_core::{LruPolicy, Platform, VmEvent};
 
 use crate::lru::LruList;
 use crate::pgtable::{desc, Pte, SwapEntry, HPAGE_PMD_NR};
@@ -59,7 +66,7 @@ use crate::rmap::{
 use crate::space::HugeSplit;
 use crate::swap_cluster::MapError;
 use crate::swapfile::{SwapError, SwapInfoStruct, SwapPins};
-use crate::{Mm, Pfn, StdPlatform};
+use crate::{workingset, Mm, Pfn, StdPlatform};
 
 /// Pages isolated per scan (Linux's `SWAP_CLUSTER_MAX`).
 pub(crate) const SWAP_CLUSTER_MAX: usize = 32;
@@ -162,6 +169,9 @@ pub(crate) fn direct_reclaim(mm: &Mm) -> u64 {
         }
         std::thread::sleep(std::time::Duration::from_micros(100));
     }
+    for nid in 0..mm.nr_nodes() {
+        workingset::snapshot_refaults(mm, nid);
+    }
     if freed > 0 {
         // The pages went to per-CPU lists, which the slow path's retry does not
         // look at (Linux's `__alloc_pages_direct_reclaim` drains too).
@@ -213,10 +223,7 @@ pub(crate) fn shrink_node(mm: &Mm, nid: usize, nr: usize, who: Reclaimer) -> u64
         if force {
             lru.drain_all(mm);
         }
-        let (active, inactive) = lru.nr_pages(nid);
-        if inactive < active || inactive < nr as u64 {
-            shrink_active_list(mm, nid, SWAP_CLUSTER_MAX.max(nr), force);
-        }
+        age_active(mm, nid, nr, force);
         let r = shrink_inactive_list(mm, nid, nr, who, force);
         if r > 0 || ra > 0 {
             return r + ra as u64;
@@ -225,8 +232,62 @@ pub(crate) fn shrink_node(mm: &Mm, nid: usize, nr: usize, who: Reclaimer) -> u64
     0
 }
 
-/// Linux's `shrink_active_list`: the tail of the active list; unreferenced pages
-/// move to the inactive list (all of them with `force`), referenced ones rotate.
+/// Batches of the active list one `age_active` scans at most (the protected
+/// clock may pass hot pages whose counters are still above 0).
+const MAX_AGE_BATCHES: usize = 4;
+
+/// The active-list half of Linux's `shrink_lruvec`, by policy, before `nr`
+/// pages are taken from the inactive tail:
+/// - Protected: the clock hand moves over the protected list while probation
+///   is under its target (or shorter than the batch), a batch at a time;
+/// - Classic: when the inactive list is low (`inactive_is_low`) or refaults
+///   were activated since the last reclaim ended (`may_deactivate`), the
+///   active list is scanned in proportion to its size, as `get_scan_count`
+///   scans both; then, if still low, one batch more.
+///
+/// `force` (nothing reclaimable found): one batch, every page deactivated.
+fn age_active(mm: &Mm, nid: usize, nr: usize, force: bool) {
+    let lru = mm.lru();
+    let policy = lru.policy;
+    let (active, inactive) = lru.nr_pages(nid);
+    if active == 0 {
+        return;
+    }
+    if force {
+        shrink_active_list(mm, nid, SWAP_CLUSTER_MAX.max(nr), true);
+        return;
+    }
+    match policy {
+        LruPolicy::Protected => {
+            for _ in 0..MAX_AGE_BATCHES {
+                let (active, inactive) = lru.nr_pages(nid);
+                if active == 0
+                    || !(policy.inactive_is_low(active, inactive) || inactive < nr as u64)
+                {
+                    break;
+                }
+                shrink_active_list(mm, nid, SWAP_CLUSTER_MAX.max(nr), false);
+            }
+        }
+        LruPolicy::Classic => {
+            let low = policy.inactive_is_low(active, inactive);
+            if low || workingset::refaults_since_snapshot(mm, nid) || inactive < nr as u64 {
+                let share = (nr as u64 * active).div_ceil(inactive.max(1));
+                shrink_active_list(mm, nid, share.clamp(1, active) as usize, false);
+            }
+            let (active, inactive) = lru.nr_pages(nid);
+            if policy.inactive_is_low(active, inactive) {
+                shrink_active_list(mm, nid, SWAP_CLUSTER_MAX, false);
+            }
+        }
+    }
+}
+
+/// Linux's `shrink_active_list`: up to `n` pages from the tail of the active
+/// list, each one's accessed bit tested and cleared, then the policy decides
+/// (`LruPolicy::active_scan`): back to the active head, or down to the
+/// inactive head (`pgdeactivate`). A page whose lock is held (an access in
+/// progress) counts as referenced.
 fn shrink_active_list(mm: &Mm, nid: usize, n: usize, force: bool) {
     let lru = mm.lru();
     let mut pages = Vec::with_capacity(n);
@@ -239,11 +300,14 @@ fn shrink_active_list(mm: &Mm, nid: usize, n: usize, force: bool) {
             Some(g) => folio_referenced(mm, &g, &mut rwc).unwrap_or(true),
             None => true,
         };
-        if referenced && !force {
-            back.push((p, LruList::Active));
-        } else {
-            deact += 1;
-            back.push((p, LruList::Inactive));
+        let (verdict, state) = lru.policy.active_scan(lru.state(p), referenced, force);
+        lru.set_state(p, state);
+        match verdict {
+            ActiveVerdict::Rotate => back.push((p, LruList::Active)),
+            ActiveVerdict::Deactivate => {
+                deact += 1;
+                back.push((p, LruList::Inactive));
+            }
         }
     }
     lru.putback(mm, &back);
@@ -346,8 +410,15 @@ fn split_huge_isolated(
                 added.extend(subpages);
             }
             Some(HugeSplit::Referenced) => {
-                activated += 1;
-                back.push((head, LruList::Active));
+                let lru = mm.lru();
+                let (verdict, state) = lru.policy.inactive_tail(lru.state(head), true);
+                lru.set_state(head, state);
+                if verdict == TailVerdict::Activate {
+                    activated += 1;
+                    back.push((head, LruList::Active));
+                } else {
+                    back.push((head, LruList::Inactive));
+                }
             }
             Some(HugeSplit::Busy) | None => back.push((head, LruList::Inactive)),
         }
@@ -355,6 +426,7 @@ fn split_huge_isolated(
     pages.extend(added);
     mm.page_alloc()
         .count_vm_event(VmEvent::PgActivate, activated);
+    workingset::age_nonresident(mm, nid, activated);
     Some(order0)
 }
 
@@ -388,13 +460,23 @@ fn shrink_page_list<'a>(
             let dirty = page_vma_mapped(m, pfn).map(|(_, e)| e.is_dirty());
             (folio_referenced_one(m, pfn), dirty)
         });
-        match seen {
-            None | Some((_, None)) => back.push((pfn, LruList::Inactive)),
-            Some((true, _)) if !force => {
+        let lru = mm.lru();
+        let verdict = match seen {
+            Some((referenced, Some(_))) if !force => {
+                let (verdict, state) = lru.policy.inactive_tail(lru.state(pfn), referenced);
+                lru.set_state(pfn, state);
+                verdict
+            }
+            _ => TailVerdict::Reclaim,
+        };
+        match (seen, verdict) {
+            (None | Some((_, None)), _) => back.push((pfn, LruList::Inactive)),
+            (_, TailVerdict::Keep) => back.push((pfn, LruList::Inactive)),
+            (_, TailVerdict::Activate) => {
                 activated += 1;
                 back.push((pfn, LruList::Active));
             }
-            Some((_, Some(dirty))) => {
+            (Some((_, Some(dirty))), TailVerdict::Reclaim) => {
                 // A page still in the swap cache from its swap-in, and clean
                 // since, has its copy on the slot already.
                 let mut entry = mm.swapcache_entry(&lock);
@@ -422,6 +504,9 @@ fn shrink_page_list<'a>(
     }
     mm.page_alloc()
         .count_vm_event(VmEvent::PgActivate, activated);
+    if let Some(&p) = pages.first() {
+        workingset::age_nonresident(mm, mm.node_of(p), activated);
+    }
     // 2. Slots for the pages that have none, and the swap cache.
     add_to_swap(mm, &mut pins, &mut victims);
     // 3. Write what needs it, runs of contiguous slots at once.
@@ -441,10 +526,15 @@ fn shrink_page_list<'a>(
             .unwrap_or(false);
         if unmapped {
             rmap::clear(mm, v.pfn);
+            // Evicted: the slot keeps a shadow for the refault.
+            let state = mm.lru().state(v.pfn);
+            let shadow = workingset::workingset_eviction(mm, mm.node_of(v.pfn), state);
+            mm.swapcache_evict(dev, &v.lock, shadow.pack());
+        } else {
+            // Out of the cache; this frees the slot (no PTE reference): a page
+            // that stays is dirty for swap again.
+            mm.swapcache_drop(dev, &v.lock);
         }
-        // Out of the cache; this frees the slot when the unmap did not happen
-        // (no PTE reference): a page that stays is dirty for swap again.
-        mm.swapcache_drop(dev, &v.lock);
         desc(mm, v.pfn).clear_flag(PG_DIRTY);
         drop(v.lock);
         if unmapped {
@@ -555,4 +645,72 @@ fn try_to_unmap_swap(
             false
         }
     }
+}
+
+/// Candidates `exchange_victim` looks at before it gives up.
+const EXCHANGE_TRIES: usize = 16;
+
+/// The victim of a swap-in exchange (`do_swap_page` when memory and swap are
+/// both full, `space/swap.rs`): a resident order-0 page, cold first (the
+/// inactive tails, then the active ones), taken off the LRU, locked, its
+/// content written into `entry`'s slot (which the caller owns: its cache
+/// reference is claimed and only the caller's PTE references it) and its
+/// mapping replaced by `entry`. Its frame, still holding its mapping's
+/// reference and an isolation reference, is the caller's to reuse; with it,
+/// the node to end the isolation on and the victim's LRU state (for its
+/// shadow). A candidate that cannot go (busy, pinned, in the swap cache, a
+/// huge page, a failed write or unmap) goes back; after a failed write or
+/// unmap the slot gets `restore` back (the caller's content). `None`: no
+/// resident page could go out.
+pub(crate) fn exchange_victim<'a>(
+    mm: &'a Mm,
+    dev: &SwapInfoStruct,
+    entry: SwapEntry,
+    restore: &[u8],
+) -> Option<(PageGuard<'a>, usize, u8)> {
+    let lru = mm.lru();
+    let mut rwc = RmapWalkControl::default();
+    let mut tries = 0;
+    for list in [LruList::Inactive, LruList::Active] {
+        for nid in 0..mm.nr_nodes() {
+            while tries < EXCHANGE_TRIES {
+                let mut got = Vec::with_capacity(1);
+                lru.isolate(mm, nid, list, 1, &mut got);
+                let Some(&p) = got.first() else { break };
+                tries += 1;
+                let lock = (desc(mm, p).order() == 0)
+                    .then(|| mm.trylock_page(p))
+                    .flatten()
+                    .filter(|l| {
+                        desc(mm, p).refcount().load(Ordering::Acquire) == 2
+                            && mm.swapcache_entry(l).is_none()
+                    });
+                let Some(lock) = lock else {
+                    lru.putback(mm, &[(p, list)]);
+                    put_isolated(mm, nid, &got);
+                    continue;
+                };
+                // Held by its isolation reference and locked by us.
+                let unmapped = dev.swap_writepage(entry, lock.bytes()).is_ok()
+                    && rmap_walk(mm, &lock, &mut rwc, |m| {
+                        try_to_unmap_swap(mm, m, &lock, dev, entry)
+                    })
+                    .unwrap_or(false);
+                if unmapped {
+                    rmap::clear(mm, p);
+                    desc(mm, p).clear_flag(PG_DIRTY);
+                    mm.page_alloc().count_vm_event(VmEvent::PswpOut, 1);
+                    return Some((lock, nid, lru.state(p)));
+                }
+                // The slot may hold the victim's bytes now: the caller's back.
+                if dev.swap_writepage(entry, restore).is_err() {
+                    mm.page_alloc().count_vm_event(VmEvent::SwapIoError, 1);
+                }
+                drop(lock);
+                lru.putback(mm, &[(p, list)]);
+                put_isolated(mm, nid, &got);
+            }
+        }
+    }
+    None
 }

@@ -84,10 +84,17 @@ fn demand_zero() {
         assert!(buf.iter().all(|b| *b == 0), "never-written bytes read 0");
         let t = s.translate(a).expect("mapped after the read fault");
         assert_eq!(t.order, 0);
-        assert!(t.accessed && !t.dirty, "a read fault sets A, not D: {t:?}");
+        // The fault is the page's insertion (the LRU policy counts only a use
+        // after it): mapped old and clean; a later access sets A.
+        assert!(!t.accessed && !t.dirty, "a read fault sets neither: {t:?}");
+        s.touch(a, false).unwrap();
+        let t = s.translate(a).unwrap();
+        assert!(t.accessed && !t.dirty, "a read sets A, not D: {t:?}");
         s.touch(a + 5 * PAGE as u64, true).unwrap();
         let t = s.translate(a + 5 * PAGE as u64).unwrap();
-        assert!(t.accessed && t.dirty);
+        assert!(!t.accessed && t.dirty, "a write fault sets D: {t:?}");
+        s.touch(a + 5 * PAGE as u64, false).unwrap();
+        assert!(s.translate(a + 5 * PAGE as u64).unwrap().accessed);
         let st = s.stats();
         assert_eq!(st.rss_pages, 5, "{st:?}");
         assert_eq!(st.vmas, 1);

@@ -7,8 +7,8 @@
 //! row; `mmlab list` and the error messages are made from the table.
 
 use mmkit::{
-    ClearStrategy, MergePolicy, MmBuilder, PcpHighPolicy, PcpPolicy, RefillPolicy, SwapAllocPolicy,
-    SwapCacheIndex, SwapFreePolicy, SwapReadahead, Variant,
+    ClearStrategy, LruPolicy, MergePolicy, MmBuilder, PcpHighPolicy, PcpPolicy, RefillPolicy,
+    SwapAllocPolicy, SwapCacheIndex, SwapFreePolicy, SwapReadahead, Variant,
 };
 use serde_json::{Map, Value as Json};
 
@@ -85,6 +85,7 @@ const BASES: &[&str] = &[
     "mmkit-swap-2019",
     "mmkit-swap-2020",
     "mmkit-swap-6.18",
+    "mmkit-lru-classic",
 ];
 
 /// Every settable key, in `mmlab list` order.
@@ -287,6 +288,15 @@ pub const KEYS: &[Key] = &[
         description: "anonymous LRU lists: one pair per node under one lock (Linux) or sharded \
                       per CPU",
         apply: |b, v| b.lru_sharded(!matches!(v, Value::Name("single"))),
+    },
+    Key {
+        name: "lru_policy",
+        group: "swap",
+        values: Values::Names(&["protected", "classic"]),
+        default: "protected",
+        description: "anonymous LRU eviction: a probation FIFO feeding a protected clock with \
+                      refault shadows (mmkit), or Linux 6.18's classic active/inactive rules",
+        apply: |b, v| b.lru_policy(pick(v, "classic", LruPolicy::Classic, LruPolicy::Protected)),
     },
 ];
 

@@ -123,7 +123,10 @@ impl SpaceInner {
                 self.stats.add(Stat::PgTables, 1);
                 self.stats.add(Stat::Rss, HPAGE_PMD_NR as i64);
                 // One LRU entry for the 512 pages (reclaim splits it).
-                mm.lru().lru_cache_add(mm, &[pfn]);
+                // Mapped young before its sub-pages were used: the first
+                // accessed bit found is the insertion's.
+                let st = mm.lru().policy.new_page_state(true);
+                mm.lru().lru_cache_add(mm, &[pfn], st, st);
             }
             Err(_) => {
                 let pt = pgtable_trans_huge_withdraw(mm, pfn);

@@ -49,6 +49,20 @@ impl VmFault<'_> {
 }
 
 impl SpaceInner {
+    /// The bits the leaf installed for the faulting address starts with:
+    /// [`VmFault::young_bits`] where the LRU policy counts the fault as a
+    /// reference (Classic, as x86 Linux maps young); without the accessed bit
+    /// otherwise, and the access that faulted does not set it (`access` in
+    /// `mmu.rs`): the fault is the page's insertion, only a later use is a
+    /// reference.
+    pub(super) fn fault_bits(&self, vmf: &VmFault<'_>) -> u64 {
+        if self.mm.lru().policy.fault_sets_young() {
+            vmf.young_bits()
+        } else {
+            vmf.young_bits() & !PTE_ACCESSED
+        }
+    }
+
     /// Makes `slot` (an entry of the table at `parent`) point to a table, allocating
     /// one if it is empty (Linux's `__pte_alloc`/`__pmd_alloc`). `Ok(None)` when
     /// the slot holds a huge leaf (possibly installed by a racing fault).
@@ -227,14 +241,21 @@ impl SpaceInner {
         unsafe {
             clear_page_batch(pfns[..n].iter().map(|p| mm.page_address(*p)), strategy, hot);
         }
-        // Every page of the batch is mapped young, as Linux maps the pages of an
-        // anonymous large folio, so the accesses that follow find their bits set.
+        // Every page of the batch but the faulting one is mapped young, as
+        // Linux maps the pages of an anonymous large folio, so the accesses
+        // that follow find their bits set; their LRU state says the first bit
+        // seen is their insertion's (`LRU_FRESH`). The faulting page is mapped
+        // young only where the policy counts the fault as a reference
+        // (Classic); otherwise its accessed bit means a use after the fault.
         let bits = vmf.young_bits();
+        let policy = mm.lru().policy;
+        let first_bits = self.fault_bits(vmf);
+        let fault_pfn = pfns[0];
         let mut installed = 0;
         for i in 0..n {
             let pfn = pfns[i];
             rmap::set(mm, pfn, self.id, va + (i as u64) * PAGE);
-            let pte = leaf(pfn, false).with(bits);
+            let pte = leaf(pfn, false).with(if i == 0 { first_bits } else { bits });
             match pt[idx + i].compare_exchange(0, pte.raw(), Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     pfns[installed] = pfn;
@@ -252,7 +273,9 @@ impl SpaceInner {
             used(mm, pt_pfn).fetch_add(installed as u64, Ordering::Relaxed);
             self.stats.add(Stat::Rss, installed as i64);
             // Onto the LRU through this CPU's batch (`lru.rs`).
-            mm.lru().lru_cache_add(mm, &pfns[..installed]);
+            let first = policy.new_page_state(policy.fault_sets_young() || pfns[0] != fault_pfn);
+            mm.lru()
+                .lru_cache_add(mm, &pfns[..installed], first, policy.new_page_state(true));
         }
         Ok(())
     }

@@ -289,7 +289,7 @@ impl SpaceInner {
         write: bool,
         len: usize,
     ) -> Result<Translation, Error> {
-        let want = PTE_ACCESSED | if write { PTE_DIRTY } else { 0 };
+        let mut want = PTE_ACCESSED | if write { PTE_DIRTY } else { 0 };
         loop {
             if let Some((slot, e, level)) = self.follow_pte_cached(held, addr) {
                 if e.is_present() {
@@ -322,6 +322,12 @@ impl SpaceInner {
                     len,
                 },
             )?;
+            // The fault was this access's: it set what the LRU policy counts
+            // (`fault_bits`); the retry does not add a reference. (A racing
+            // fault's page found on the retry misses this one access's bit.)
+            if !self.mm.lru().policy.fault_sets_young() {
+                want &= !PTE_ACCESSED;
+            }
         }
     }
 

@@ -12,6 +12,12 @@
 //! 2. A new page (owned, movable; the slow path may reclaim), then
 //!    `swapcache_prepare`: of concurrent faults on one entry exactly one wins and
 //!    reads; the others find the winner's page in the cache (step 1) or retry.
+//!    With memory and swap both full (no page even after reclaim), the fault
+//!    exchanges instead (`swapin_exchange`): a cold resident page is written
+//!    into this entry's slot and unmapped to it, and its frame becomes the
+//!    incoming page, so a page written before stays readable.
+//!    The slot's shadow (`workingset.rs`) is read before the page replaces it:
+//!    a refault recent enough joins the active (protected) list at once.
 //! 3. The winner locks its page, publishes it in the swap cache and reads the
 //!    slot (CRC32C verified). A failed read or a checksum mismatch undoes 3 and
 //!    2 and fails the access with [`Error::SwapIo`] / [`Error::SwapCorrupt`]; the
@@ -45,10 +51,10 @@ use super::{leaf, SpaceInner, Stat, PAGE};
 use crate::page_io::SwapIoError;
 use crate::pgtable::{desc, pt_index, Pte, SwapEntry, Table, PMD_SIZE, TASK_SIZE};
 use crate::rmap::PageGuard;
-use crate::swap_cluster::SWAPFILE_CLUSTER;
+use crate::swap_cluster::{MapError, SWAPFILE_CLUSTER};
 use crate::swap_state::{SwapCacheRead, SwapInFail, SwapReadahead};
 use crate::swapfile::{DeviceRef, SwapError, SwapInfoStruct, SwapPins};
-use crate::{rmap, Error, Gfp};
+use crate::{rmap, Error, Gfp, PAGE_SIZE};
 
 /// Yields the CPU a little more each time (waiting for another fault's read).
 fn backoff(spins: &mut u32) {
@@ -130,7 +136,9 @@ impl SpaceInner {
                     }
                 }
                 Ok(SwapCacheRead::Busy) => {}
-                Err(SwapInFail::NoMemory(err)) => return Err(err),
+                Err(SwapInFail::NoMemory(err)) => {
+                    return self.swapin_exchange(vmf, slot, e, &dev, entry, err)
+                }
                 Err(SwapInFail::Slot(err)) => {
                     return if changed() { Ok(()) } else { bad(&err) };
                 }
@@ -149,7 +157,7 @@ impl SpaceInner {
         let page = lock.pfn();
         let va = addr & !(PAGE - 1);
         rmap::set(mm, page, self.id, va);
-        let pte = leaf(page, false).with(vmf.young_bits());
+        let pte = leaf(page, false).with(self.fault_bits(vmf));
         let mapped = slot
             .compare_exchange(e.raw(), pte.raw(), Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
@@ -186,7 +194,101 @@ impl SpaceInner {
         }
         drop(lock);
         self.stats.add(Stat::Rss, 1);
-        mm.lru().lru_cache_add(mm, &[page]);
+        // The state `swapin_refault` gave it when it was read.
+        let st = mm.lru().state(page);
+        mm.lru().lru_cache_add(mm, &[page], st, st);
+    }
+
+    /// Step 2 when no page is free even after reclaim (memory and swap both
+    /// full): the swap-in exchanges with a cold resident page. The slot is
+    /// claimed (`swapcache_prepare`; a slot another task is reading or
+    /// writing is left to it, and the access retries) and read into a buffer;
+    /// then a victim (`vmscan::exchange_victim`) is written into this very
+    /// slot and unmapped to its entry, and its frame takes the buffer's
+    /// content and is mapped here: the incoming page's slot is freed and the
+    /// cold page written into it, so every page written stays readable.
+    /// `no_memory` (the allocation's error) only when the slot holds other
+    /// references than this PTE's or no resident page can go out.
+    fn swapin_exchange(
+        &self,
+        vmf: &VmFault<'_>,
+        slot: &AtomicU64,
+        e: Pte,
+        dev: &SwapInfoStruct,
+        entry: SwapEntry,
+        no_memory: Error,
+    ) -> Result<(), Error> {
+        let mm = &self.mm;
+        let changed = || slot.load(Ordering::Acquire) != e.raw();
+        match dev.swapcache_prepare(entry) {
+            Ok(()) => {}
+            Err(SwapError::Map(MapError::CacheBusy(_))) => {
+                // Another task reads or writes the slot: retry after it.
+                std::thread::yield_now();
+                return Ok(());
+            }
+            Err(_) if changed() => return Ok(()),
+            Err(_) => return Err(no_memory),
+        }
+        let release = || {
+            if let Err(err) = dev.swapcache_clear(entry) {
+                mm.swap_bad_entry(entry, &err);
+            }
+        };
+        // The slot is about to hold another page's content: only this PTE may
+        // reference it.
+        if changed() || dev.swap_count(entry).ok() != Some(1) {
+            release();
+            return if changed() { Ok(()) } else { Err(no_memory) };
+        }
+        let shadow = dev.swap_shadow(entry);
+        let mut buf = vec![0u8; PAGE_SIZE];
+        if let Err(err) = dev.swap_readpage(entry, &mut buf) {
+            release();
+            return Err(read_err(vmf.addr, entry, err));
+        }
+        let Some((mut lock, nid, victim_state)) =
+            crate::vmscan::exchange_victim(mm, dev, entry, &buf)
+        else {
+            release();
+            return Err(no_memory);
+        };
+        let page = lock.pfn();
+        // The victim's shadow replaces this page's in the slot.
+        let sh = crate::workingset::workingset_eviction(mm, nid, victim_state);
+        dev.set_swap_shadow(entry, sh.pack());
+        lock.bytes_mut().copy_from_slice(&buf);
+        mm.swapin_refault(page, shadow);
+        rmap::set(mm, page, self.id, vmf.addr & !(PAGE - 1));
+        let pte = leaf(page, false).with(self.fault_bits(vmf));
+        let mapped = slot
+            .compare_exchange(e.raw(), pte.raw(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if mapped {
+            // This PTE's reference; the victim's PTE holds the slot now.
+            if let Err(err) = dev.swap_free(entry) {
+                mm.swap_bad_entry(entry, &err);
+            }
+        } else {
+            // Unmapped meanwhile (its slot reference went with the PTE): the
+            // frame is nobody's.
+            rmap::clear(mm, page);
+            mm.unpin_page(page);
+        }
+        release();
+        drop(lock);
+        if mapped {
+            self.stats.add(Stat::Rss, 1);
+            let st = mm.lru().state(page);
+            mm.lru().lru_cache_add(mm, &[page], st, st);
+            let pa = mm.page_alloc();
+            pa.count_vm_event(VmEvent::PswpIn, 1);
+            pa.count_vm_event(VmEvent::SwapExchange, 1);
+        }
+        // The isolation reference (the last, for a frame nobody maps).
+        mm.unpin_page(page);
+        mm.lru().end_isolation(nid, 1);
+        Ok(())
     }
 
     /// A fault found its entry's page read ahead (locked, in the cache, not
@@ -205,7 +307,7 @@ impl SpaceInner {
         let page = lock.pfn();
         let va = vmf.addr & !(PAGE - 1);
         rmap::set(mm, page, self.id, va);
-        let pte = leaf(page, false).with(vmf.young_bits());
+        let pte = leaf(page, false).with(self.fault_bits(vmf));
         if slot
             .compare_exchange(e.raw(), pte.raw(), Ordering::AcqRel, Ordering::Acquire)
             .is_err()

@@ -275,7 +275,6 @@ impl SwapMap {
         self.inuse.load(Ordering::Relaxed)
     }
     /// The map byte of a slot (a racy snapshot).
-    #[cfg_attr(any(not(test), loom), expect(dead_code))] // used by the unit tests
     pub(crate) fn map_count(&self, slot: u32) -> u8 {
         self.swap_map[slot as usize].load(Ordering::Relaxed)
     }

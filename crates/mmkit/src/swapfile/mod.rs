@@ -347,7 +347,7 @@ impl SwapDevices {
     }
 
     /// How many times the device table was read.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn table_reads(&self) -> u64 {
         self.table_reads.load(Ordering::Relaxed)
     }

@@ -194,7 +194,7 @@ fn entries_round_trip_through_map_cache_and_io() {
             v.add_to_swap_cache(x, 100 + i as u32).unwrap();
             v.swap_writepage(x, &page(i as u8)).unwrap();
             v.swap_duplicate(x).unwrap();
-            assert!(v.delete_from_swap_cache(x, 100 + i as u32));
+            assert!(v.delete_from_swap_cache(x, 100 + i as u32, 0));
             assert_eq!(v.swapcache_clear(x), Ok(1));
         }
         assert_eq!(d.swap_info()[0].used_pages, 3);
@@ -211,7 +211,7 @@ fn entries_round_trip_through_map_cache_and_io() {
             assert_eq!(v.lookup_swap_cache(x), Some(200));
             v.swap_readpage(x, &mut buf).unwrap();
             assert_eq!(buf, page(i as u8));
-            assert!(v.delete_from_swap_cache(x, 200));
+            assert!(v.delete_from_swap_cache(x, 200, 0));
             assert_eq!(v.swapcache_clear(x), Ok(1));
             assert_eq!(v.swap_free(x), Ok(0));
             // The freed slot's checksum is forgotten.
@@ -378,7 +378,7 @@ fn swap_out_and_in_from_16_threads() {
                             v.swap_writepage(x, &page((t * 7 + round + i as u32) as u8))
                                 .unwrap();
                             v.swap_duplicate(x).unwrap();
-                            assert!(v.delete_from_swap_cache(x, pfn(i)));
+                            assert!(v.delete_from_swap_cache(x, pfn(i), 0));
                             assert_eq!(v.swapcache_clear(x), Ok(1));
                         }
                         for (i, &x) in e.iter().enumerate() {
@@ -488,7 +488,7 @@ fn a_pinned_device_outlives_swapoff() {
         d.should_free_swap(&dev, 0),
         "a device going off frees on swap-in"
     );
-    assert!(dev.delete_from_swap_cache(x, 7));
+    assert!(dev.delete_from_swap_cache(x, 7, 0));
     assert_eq!(dev.swapcache_clear(x), Ok(0));
     d.check().unwrap();
     d.swapoff(id).unwrap();
