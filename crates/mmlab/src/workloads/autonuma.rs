@@ -462,6 +462,12 @@ impl Workload for Autonuma {
         }
     }
 
+    fn peak_bytes(&self, config: &Config, _variants: usize) -> usize {
+        // One case at a time, each on an arena of its own (`run_case`).
+        let (buf, _) = sizes(config.timing.quick);
+        (4 * buf as usize + (16 << 20)).next_multiple_of(4 << 20)
+    }
+
     fn params_for(&self, config: &Config) -> Map<String, Value> {
         let (buf, passes) = sizes(config.timing.quick);
         let p = lab_scan_params();

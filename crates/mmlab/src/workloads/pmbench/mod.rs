@@ -660,6 +660,13 @@ impl Workload for Pmbench {
         arena(config.timing.quick)
     }
 
+    fn peak_bytes(&self, config: &Config, variants: usize) -> usize {
+        // Each mmkit variant: its arena and a RAM swap device for the rest of
+        // the working sets.
+        let a = arena(config.timing.quick);
+        variants.max(1) * (a + swap_bytes(a))
+    }
+
     fn build(&self, variant: &str, config: &Config) -> anyhow::Result<Peer> {
         let Some(info) = VARIANTS.iter().find(|v| v.name == variant) else {
             anyhow::bail!("unknown variant {variant:?} for pmbench");
