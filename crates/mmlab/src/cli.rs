@@ -332,38 +332,57 @@ fn run(args: RunArgs) -> Result<()> {
             Some(SwapArg::File(p)) => Some(p.clone()),
             _ => None,
         },
+        sizes: Vec::new(),
     };
     let (budget, source) = plan::budget(args.memory, || {
         let text = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
         plan::mem_available(&text)
     })?;
-    let plan = plan::choose(budget, source, args.quick, |small, arena| {
-        config.timing.quick = small;
-        config.memory = arena;
-        list.iter()
-            .map(|w| w.peak_bytes(&config, runner::variants_for(*w, &config).len()) as u64)
-            .max()
-            .unwrap_or(0)
-    })?;
-    config.timing.quick = plan.small;
-    config.memory = plan.arena;
-    config.params.insert("memory_budget".into(), plan.budget.into());
-    config.params.insert("memory_arena".into(), (plan.arena as u64).into());
-    config.params.insert("small_sizes".into(), plan.small.into());
-    config.params.insert("scaled".into(), plan.scaled.into());
-    let memory = plan.arena as u64;
+    // Each workload runs alone, after the one before it freed its memory: each
+    // gets the largest sizes that fit the budget.
+    let mut plans = Vec::new();
+    for &w in &list {
+        let p = plan::choose(budget, source, args.quick, |small, arena| {
+            config.timing.quick = small;
+            config.memory = arena;
+            w.peak_bytes(&config, runner::variants_for(w, &config).len()) as u64
+        })
+        .with_context(|| format!("planning {}", w.name()))?;
+        config.sizes.push((w.name(), p.small, p.arena, p.scaled));
+        plans.push((w.name(), p));
+    }
+    config.timing.quick = args.quick;
+    config.memory = if args.quick { 256 << 20 } else { 1 << 30 };
+    config.params.insert("memory_budget".into(), budget.into());
+    let peak = plans.iter().map(|(_, p)| p.peak).max().unwrap_or(0);
+    let scaled: Vec<String> = plans
+        .iter()
+        .filter(|(_, p)| p.scaled)
+        .map(|(n, p)| format!("{n} ({})", p.sizes()))
+        .collect();
+    let plan_line = format!(
+        "{}, estimated peak {} MiB; {}",
+        plan::describe_budget(budget, source),
+        peak.div_ceil(1 << 20),
+        if scaled.is_empty() {
+            "nothing scaled".to_string()
+        } else {
+            format!("scaled down to fit: {}", scaled.join(", "))
+        }
+    );
+    let memory = config.memory as u64;
     let facts: Vec<String> = host_facts::describe(&host)
         .into_iter()
         .map(|(k, v)| format!("{k} {v}"))
         .collect();
     println!(
-        "# {command}\n# {} ms per point after {} ms warmup, median of {} rounds, {} MiB arena\n\
+        "# {command}\n# {} ms per point after {} ms warmup, median of {} rounds, {} MiB arena unless scaled\n\
          # {}\n# host: {}; commit {}\n",
         duration_ms,
         warmup_ms,
         config.rounds,
         memory >> 20,
-        plan.describe(),
+        plan_line,
         facts.join(", "),
         commit.as_deref().unwrap_or("unknown")
     );

@@ -2,10 +2,12 @@
 //! sizes that fit in it.
 //!
 //! The budget is half of the host's MemAvailable (/proc/meminfo) when the run
-//! starts, or `--memory`. A run's peak is estimated as the largest of its
-//! workloads' `peak_bytes` (every variant of a workload is built, its arena
-//! prefaulted, before its first point; the workloads run one after another)
-//! plus `OVERHEAD` for the process itself. The planner tries the sizes from the
+//! starts, or `--memory`. A workload's peak is estimated by its `peak_bytes`
+//! (every variant of a workload is built, its arena prefaulted, before its
+//! first point; the workloads run one after another, so the run's peak is the
+//! largest of them)
+//! plus `OVERHEAD` for the process itself; each workload is planned alone
+//! (`mmlab run` calls `choose` once per workload). The planner tries the sizes from the
 //! largest down: the full data sizes with a 1 GiB, 512 MiB, then 256 MiB arena,
 //! then the small (`--quick`) data sizes with 256, 128, then 64 MiB; the first
 //! that fits is the plan, and any but the first is "scaled". If none fits, the
@@ -76,7 +78,9 @@ pub fn budget(flag: Option<u64>, available: impl FnOnce() -> Result<u64>) -> Res
         None => {
             let a = available()?;
             if a == 0 {
-                bail!("MemAvailable is 0: no memory to plan a run in (use --memory to set a budget)");
+                bail!(
+                    "MemAvailable is 0: no memory to plan a run in (use --memory to set a budget)"
+                );
             }
             Ok((a / 2, Source::MemAvailable(a)))
         }
@@ -123,28 +127,22 @@ pub fn choose(
     )
 }
 
+/// The budget and where it came from, for the run's header.
+pub fn describe_budget(budget: u64, source: Source) -> String {
+    let from = match source {
+        Source::MemAvailable(a) => format!("half of MemAvailable {} MiB", a >> 20),
+        Source::Flag => "--memory".to_string(),
+    };
+    format!("memory budget {} MiB ({from})", budget >> 20)
+}
+
 impl Plan {
-    /// One line for the run's header.
-    pub fn describe(&self) -> String {
-        let from = match self.source {
-            Source::MemAvailable(a) => format!("half of MemAvailable {} MiB", a >> 20),
-            Source::Flag => "--memory".to_string(),
-        };
-        let sizes = if self.scaled {
-            format!(
-                "scaled down to fit: {} data sizes, {} MiB arena",
-                if self.small { "small" } else { "full" },
-                self.arena >> 20
-            )
-        } else if self.small {
-            format!("small data sizes, {} MiB arena", self.arena >> 20)
-        } else {
-            format!("full sizes, {} MiB arena", self.arena >> 20)
-        };
+    /// Its sizes, e.g. "small data sizes, 256 MiB arena".
+    pub fn sizes(&self) -> String {
         format!(
-            "memory budget {} MiB ({from}), estimated peak {} MiB; {sizes}",
-            self.budget >> 20,
-            self.peak.div_ceil(1 << 20)
+            "{} data sizes, {} MiB arena",
+            if self.small { "small" } else { "full" },
+            self.arena >> 20
         )
     }
 }
@@ -203,7 +201,9 @@ mod tests {
         let p = choose(1 << 30, Source::Flag, false, est).unwrap();
         assert_eq!((p.small, p.arena), (true, 64 << 20));
         assert_eq!(p.peak, 640 * (1 << 20) + OVERHEAD);
-        assert!(p.describe().contains("scaled down"));
+        assert_eq!(p.sizes(), "small data sizes, 64 MiB arena");
+        assert!(describe_budget(1 << 30, Source::MemAvailable(2 << 30))
+            .contains("MemAvailable 2048 MiB"));
     }
 
     #[test]

@@ -479,6 +479,7 @@ mod tests {
             settings: Vec::new(),
             params: Map::new(),
             swap_file: None,
+            sizes: Vec::new(),
         };
         for w in all() {
             let Some(own) = w.own_variants() else {
