@@ -517,6 +517,7 @@ mod tests {
             settings: Vec::new(),
             params: Map::new(),
             swap_file: None,
+            sizes: Vec::new(),
         };
         let peer = ClearHuge.build("mmkit", &config).unwrap();
         let want = peer.mm().unwrap().clear_plan().to_string();
