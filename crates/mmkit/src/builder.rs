@@ -51,7 +51,8 @@ pub enum Variant {
     /// Linux 6.18: [`SwapAllocPolicy::PerCpuCluster`] and [`SwapCacheIndex::Table`].
     MmkitSwap618,
     /// `Mmkit` with Linux's NUMA balancing scan policy as it is today
-    /// ([`ScanPolicy::FailBackoff`], seed 004).
+    /// ([`ScanPolicy::FailBackoff`], Mel Gorman's "mm: numa: Slow PTE scan rate
+    /// if migration failures occur").
     MmkitNumabLinux,
     /// `Mmkit` with Linux 4.0-rc1's ([`ScanPolicy::NoFailBackoff`]).
     MmkitNumab40,

@@ -15,7 +15,7 @@
 //! per-CPU refill) share a few shards. Reclaimers take their batches from the
 //! shards in turn (a per-node cursor), so concurrent reclaimers and faults
 //! spread over the locks where Linux's single `lru_lock` serialises them (the
-//! next contention point of seed 002 once the swap cache's was gone). Ageing is
+//! next contention point of the swap-slot series (docs/upstream.md) once the swap cache's was gone). Ageing is
 //! per shard: the tail of a shard is the oldest of that shard.
 //!
 //! Invariants (all under the LRU lock of the frame's shard):

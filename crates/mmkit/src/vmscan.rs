@@ -40,7 +40,7 @@
 //! holds a verified copy (written with its checksum).
 //!
 //! Concurrency: any number of reclaimers per node (kswapd and every direct
-//! reclaimer, as in Linux: this is where the swap locks of seed 002 contend),
+//! reclaimer, as in Linux: this is where the swap locks of the swap-slot series contend (docs/upstream.md)),
 //! each on its own isolated batch; a direct reclaimer waits while the node has
 //! more pages isolated than inactive (`too_many_isolated`). A reclaimer never
 //! waits for a lock: page locks are only try-locked, so concurrent batches at

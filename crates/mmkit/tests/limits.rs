@@ -1,4 +1,4 @@
-//! Exact limits, tried from outside as a user would (issue 11).
+//! Exact limits, tried from outside as a user would.
 //!
 //! - The count of order-0 `Gfp::KERNEL` pages that can be had before
 //!   `NoMemory` is exactly "free pages minus the min watermark", whatever the

@@ -1,4 +1,4 @@
-//! Automatic NUMA balancing (issue 14, phase 3), tried from outside on an
+//! Automatic NUMA balancing, tried from outside on an
 //! emulated 2-node topology, the scanner driven by hand (`task_numa_work`, the
 //! background thread off) except where said:
 //!

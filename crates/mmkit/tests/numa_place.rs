@@ -1,4 +1,4 @@
-//! NUMA placement (issue 14, phase 2), tried from outside on emulated
+//! NUMA placement, tried from outside on emulated
 //! topologies over small arenas:
 //!
 //! - the arena split per node, `node_of`, `alloc_pages_node` on every node and

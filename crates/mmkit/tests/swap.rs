@@ -1,4 +1,4 @@
-//! Reclaim and swap end to end (issue 13, phase 2): address spaces larger than the
+//! Reclaim and swap end to end: address spaces larger than the
 //! arena keep every byte through swap-out and swap-in, under kswapd and direct
 //! reclaim; nothing leaks; pinned pages stay; failed I/O loses nothing; bad
 //! swapon/swapoff input changes nothing.

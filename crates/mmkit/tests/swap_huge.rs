@@ -1,4 +1,4 @@
-//! Huge pages under memory pressure (issue 13): a `MapFlags::HUGE` space larger
+//! Huge pages under memory pressure: a `MapFlags::HUGE` space larger
 //! than the arena swaps like any other. Reclaim splits a cold huge page into
 //! 512 order-0 pages and swaps them out (Linux's large-folio split in
 //! `shrink_folio_list`); every byte survives, accessors racing with the split

@@ -6,6 +6,7 @@
 use crate::compare;
 use crate::host::facts as host_facts;
 use crate::peers::VARIANTS;
+use crate::plan;
 use crate::record::write_jsonl;
 use crate::report;
 use crate::results;
@@ -24,10 +25,6 @@ pub const DURATION_MS: u64 = 500;
 pub const ROUNDS: usize = 3;
 /// Measured interval per point, `--quick`.
 pub const QUICK_DURATION_MS: u64 = 150;
-/// mmkit arena, full run.
-pub const MEMORY: u64 = 1 << 30;
-/// mmkit arena, `--quick`.
-pub const QUICK_MEMORY: u64 = 256 << 20;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -94,7 +91,8 @@ struct ResultsArgs {
 struct RunArgs {
     /// Workloads to run (default: all; see `mmlab list`).
     workloads: Vec<String>,
-    /// Small and short enough for CI (150 ms points, 256 MiB arena, no progress bar).
+    /// Small and short enough for CI (150 ms points, small data sizes, at most a 256 MiB
+    /// arena, no progress bar).
     #[arg(long)]
     quick: bool,
     /// Thread counts, comma-separated [default: each workload's, 1,2,4,8].
@@ -126,8 +124,10 @@ struct RunArgs {
     /// Report directory (tables, plots, results.jsonl, README.md).
     #[arg(long, value_name = "DIR", default_value = "report")]
     report: PathBuf,
-    /// mmkit arena size (and the buddy peer's buffer), bytes or with a suffix:
-    /// 256M, 1G, 512MiB [default: 1G, quick: 256M].
+    /// Memory budget of the run, bytes or with a suffix: 4G, 512M, 1GiB
+    /// [default: half of MemAvailable]. Data sizes and arenas scale down to fit it
+    /// (the header and every record's params say so); a budget too small for the
+    /// smallest sizes is refused.
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     memory: Option<u64>,
     /// Swap device of the swapping workloads' (pmbench) mmkit variants: `ram`
@@ -305,9 +305,6 @@ fn run(args: RunArgs) -> Result<()> {
         bail!("--duration-ms must be at least 1");
     }
     let warmup_ms = args.warmup_ms.unwrap_or(duration_ms / 5);
-    let memory = args
-        .memory
-        .unwrap_or(if args.quick { QUICK_MEMORY } else { MEMORY });
     let command: Vec<String> = std::env::args().collect();
     let command = command.join(" ");
     let host = host_facts::host();
@@ -318,7 +315,7 @@ fn run(args: RunArgs) -> Result<()> {
     if let Some(c) = &commit {
         params.insert("commit".into(), c.clone().into());
     }
-    let config = Config {
+    let mut config = Config {
         threads: args.threads.clone(),
         variants: args.variants.clone(),
         timing: Timing {
@@ -326,7 +323,7 @@ fn run(args: RunArgs) -> Result<()> {
             duration: Duration::from_millis(duration_ms),
             quick: args.quick,
         },
-        memory: usize::try_from(memory).context("--memory does not fit this machine")?,
+        memory: 0,
         progress: !args.quick && std::io::stdout().is_terminal(),
         rounds: args.rounds.unwrap_or(if args.quick { 1 } else { ROUNDS }),
         settings: args.set.clone(),
@@ -335,18 +332,57 @@ fn run(args: RunArgs) -> Result<()> {
             Some(SwapArg::File(p)) => Some(p.clone()),
             _ => None,
         },
+        sizes: Vec::new(),
     };
+    let (budget, source) = plan::budget(args.memory, || {
+        let text = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
+        plan::mem_available(&text)
+    })?;
+    // Each workload runs alone, after the one before it freed its memory: each
+    // gets the largest sizes that fit the budget.
+    let mut plans = Vec::new();
+    for &w in &list {
+        let p = plan::choose(budget, source, args.quick, |small, arena| {
+            config.timing.quick = small;
+            config.memory = arena;
+            w.peak_bytes(&config, runner::variants_for(w, &config).len()) as u64
+        })
+        .with_context(|| format!("planning {}", w.name()))?;
+        config.sizes.push((w.name(), p.small, p.arena, p.scaled));
+        plans.push((w.name(), p));
+    }
+    config.timing.quick = args.quick;
+    config.memory = if args.quick { 256 << 20 } else { 1 << 30 };
+    config.params.insert("memory_budget".into(), budget.into());
+    let peak = plans.iter().map(|(_, p)| p.peak).max().unwrap_or(0);
+    let scaled: Vec<String> = plans
+        .iter()
+        .filter(|(_, p)| p.scaled)
+        .map(|(n, p)| format!("{n} ({})", p.sizes()))
+        .collect();
+    let plan_line = format!(
+        "{}, estimated peak {} MiB; {}",
+        plan::describe_budget(budget, source),
+        peak.div_ceil(1 << 20),
+        if scaled.is_empty() {
+            "nothing scaled".to_string()
+        } else {
+            format!("scaled down to fit: {}", scaled.join(", "))
+        }
+    );
+    let memory = config.memory as u64;
     let facts: Vec<String> = host_facts::describe(&host)
         .into_iter()
         .map(|(k, v)| format!("{k} {v}"))
         .collect();
     println!(
-        "# {command}\n# {} ms per point after {} ms warmup, median of {} rounds, {} MiB arena\n\
-         # host: {}; commit {}\n",
+        "# {command}\n# {} ms per point after {} ms warmup, median of {} rounds, {} MiB arena unless scaled\n\
+         # {}\n# host: {}; commit {}\n",
         duration_ms,
         warmup_ms,
         config.rounds,
         memory >> 20,
+        plan_line,
         facts.join(", "),
         commit.as_deref().unwrap_or("unknown")
     );

@@ -27,6 +27,7 @@ mod compare;
 mod host;
 mod peers;
 mod phase;
+mod plan;
 mod record;
 mod report;
 mod results;

@@ -141,7 +141,7 @@ impl BuddyPeer {
     fn new(memory: usize) -> Result<BuddyPeer> {
         let frames = memory / PAGE;
         if frames == 0 {
-            bail!("--memory {memory} is smaller than one page");
+            bail!("--memory {memory} is smaller than one page (the arena)");
         }
         let len = frames * PAGE;
         // SAFETY: an anonymous private mapping with no address hint has no
@@ -158,7 +158,7 @@ impl BuddyPeer {
         };
         if p == libc::MAP_FAILED {
             bail!(
-                "mmap of {len} bytes for buddy_system_allocator failed: {}; try a smaller --memory",
+                "mmap of {len} bytes for buddy_system_allocator failed: {}; try a smaller --memory budget",
                 std::io::Error::last_os_error()
             );
         }

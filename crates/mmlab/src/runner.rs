@@ -43,6 +43,7 @@ pub struct Timing {
 }
 
 /// What a run does, from the command line.
+#[derive(Clone)]
 pub struct Config {
     /// Thread counts; `None` means each workload's default.
     pub threads: Option<Vec<usize>>,
@@ -62,6 +63,26 @@ pub struct Config {
     /// `--swap file:PATH`: the swapping workloads' mmkit variants swap to this
     /// file instead of a RAM device.
     pub swap_file: Option<std::path::PathBuf>,
+    /// The memory plan's sizes per workload: (name, small data sizes, arena,
+    /// scaled); a workload not listed runs with `timing.quick` and `memory`.
+    pub sizes: Vec<(&'static str, bool, usize, bool)>,
+}
+
+impl Config {
+    /// This run's config for workload `name`: its planned sizes, and
+    /// `scaled`/`memory_arena` in the records' params.
+    pub fn for_workload(&self, name: &str) -> Config {
+        let mut c = self.clone();
+        if let Some(&(_, small, arena, scaled)) = self.sizes.iter().find(|s| s.0 == name) {
+            c.timing.quick = small;
+            c.memory = arena;
+            c.params.insert("small_sizes".into(), small.into());
+            c.params
+                .insert("memory_arena".into(), (arena as u64).into());
+            c.params.insert("scaled".into(), scaled.into());
+        }
+        c
+    }
 }
 
 /// One unit of a workload's per-thread loop.
@@ -209,6 +230,7 @@ pub fn run(
     let total: usize = list
         .iter()
         .map(|w| {
+            let config = &config.for_workload(w.name());
             variants_for(*w, config).len() * threads_for(*w, config).len() * rounds_for(*w, config)
         })
         .sum();
@@ -227,6 +249,7 @@ pub fn run(
     };
     let mut all = Vec::new();
     for &w in list {
+        let config = &config.for_workload(w.name());
         let variants = variants_for(w, config);
         let threads = threads_for(w, config);
         pb.set_message(format!(
@@ -297,6 +320,7 @@ mod tests {
             settings: sets.iter().map(|s| Settings::parse(s).unwrap()).collect(),
             params: serde_json::Map::new(),
             swap_file: None,
+            sizes: Vec::new(),
         }
     }
 

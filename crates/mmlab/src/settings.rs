@@ -223,7 +223,7 @@ pub const KEYS: &[Key] = &[
         group: "swap",
         values: Values::Names(&["shared-cursor", "percpu-cursor", "percpu-cluster"]),
         default: "percpu-cluster",
-        description: "swap-slot allocation: one shared scan cursor (Linux before seed 002), \
+        description: "swap-slot allocation: one shared scan cursor (Linux before the per-CPU swap-slot cursors), \
                       per-CPU cursors jumping to random trunks (the seed), per-CPU clusters (6.15)",
         apply: |b, v| {
             b.swap_alloc(match v {

@@ -3,7 +3,7 @@
 //! Every page handed out with `Gfp::ZERO`, and every page installed by a demand fault,
 //! is cleared first; for huge pages (2 MiB, 1 GiB) clearing is most of the fault's
 //! cost. This module holds the kernels and the policies around them, after the Linux
-//! series "x86/clear_huge_page: multi-page clearing" (seeds/001):
+//! series "x86/clear_huge_page: multi-page clearing" (docs/upstream.md):
 //!
 //! - [`ClearStrategy::PageAtATime`]: one `rep stosb` (or `rep stosq` without ERMS) per
 //!   4 KiB page, the way Linux's `clear_huge_page()` called `clear_page()` in a loop

@@ -20,7 +20,8 @@
 //! locality rule of Linux 4.0 (the kernel the seed patched):
 //! - `NoFailBackoff` (4.0-rc1): failures are ignored; remote faults keep the
 //!   scanner fast even when nothing can be migrated.
-//! - `FailBackoff` (seed 004, as Linux still has it): a window with any failure
+//! - `FailBackoff` (Mel Gorman's "mm: numa: Slow PTE scan rate if migration failures
+//!   occur", docs/upstream.md, as Linux still has it): a window with any failure
 //!   doubles the period, and the failure count is never cleared, so after one bad
 //!   window the period doubles every window up to the maximum, for good.
 //! - `Adaptive` (mmkit): failures age (halved every window), the back-off depends
@@ -34,13 +35,13 @@
 //!   already local: neither left remote nor just migrated) slows down as an
 //!   idle one does (the period doubles): the scanner costs little once pages
 //!   sit where they are used, without Linux's trick of never forgetting a
-//!   failure (which, after one busy page in thousands, slows the seed's policy
+//!   failure (which, after one busy page in thousands, slows that patch's policy
 //!   down for good).
 //!   It also reads "no faults" as no hint faults at all, where Linux tests
 //!   `local + shared == 0` and so slows down a window of private remote faults.
 //!
 //! Invariants: after every update, `task_scan_min <= period <= task_scan_max` for
-//! the space's size (the seed's early return clamps only to the maximum, as Linux).
+//! the space's size (that patch's early return clamps only to the maximum, as Linux).
 //! Locking: a `ScanPeriod` is plain data; the space keeps it under its NUMA
 //! balancing lock (one scanner at a time per space, as Linux's `numa_next_scan`
 //! cmpxchg ensures).
@@ -340,7 +341,7 @@ impl ScanPeriod {
     }
 
     /// Linux 4.0's `task_numa_fault` accumulation and `update_task_scan_period`,
-    /// with the seed's failure check when `fail_backoff`.
+    /// with that patch's failure check when `fail_backoff`.
     fn update_linux(&mut self, w: &ScanWindow, min: u64, max: u64, fail_backoff: bool) {
         self.locality[0] += w.faults_remote;
         self.locality[1] += w.faults_local;

@@ -3,7 +3,7 @@
 //!
 //! Devices:
 //! - [`RamDevice`]: memory from an anonymous `mmap` (the lab's default, like the
-//!   seed's DRAM-backed pmem disks); a page is copied in and out.
+//!   swap-slot series' DRAM-backed pmem disks); a page is copied in and out.
 //! - [`FileDevice`]: a real file, opened with `O_DIRECT` where the filesystem takes
 //!   it (buffered I/O otherwise, e.g. an old tmpfs), through `io_uring` where the
 //!   kernel offers it (`pread`/`pwrite` otherwise), both detected at open. Runs of

@@ -176,7 +176,7 @@ fn case_floor(
     }
 }
 
-/// The autonuma figures of issue 14 (4 threads).
+/// The autonuma figures (4 threads).
 fn autonuma(records: &[Record], out: &mut Vec<String>) {
     let w = "autonuma";
     let (linux, v40) = ("mmkit-numab-linux", "mmkit-numab-4.0");
@@ -262,7 +262,7 @@ fn point_ceiling(
     }
 }
 
-/// The pmbench figures of issue 13: the swap-cache and LRU locks and the score
+/// The pmbench figures: the swap-cache and LRU locks and the score
 /// against the 2019 policies at 8 threads, and against the kernel at 2.
 fn pmbench(records: &[Record], out: &mut Vec<String>) {
     let w = "pmbench";

@@ -1,6 +1,7 @@
 //! `autonuma`: the autonuma benchmark (pholasek/autonuma-benchmark) scaled to this
 //! machine, on an emulated 2-node topology, for automatic NUMA balancing and the
-//! scan slow-down experiment of seed 004.
+//! scan slow-down experiment of Mel Gorman's "mm: numa: Slow PTE scan rate if
+//! migration failures occur" (docs/upstream.md).
 //!
 //! Each case builds a fresh Mm (2 emulated nodes, the variant's scan policy,
 //! the lab's scan settings `lab_scan_params`, the scan period measured in the
@@ -62,7 +63,8 @@ const VARIANTS: &[VariantInfo] = &[
     },
     VariantInfo {
         name: "mmkit-numab-linux",
-        description: "mmkit, NUMA balancing with Linux's scan policy (FailBackoff, seed 004)",
+        description:
+            "mmkit, NUMA balancing with Linux's scan policy (FailBackoff, Linux 4.0 onwards)",
     },
     VariantInfo {
         name: "mmkit-numab-4.0",
@@ -460,6 +462,12 @@ impl Workload for Autonuma {
             Some(info) => Ok(Peer::Native(info.name)),
             None => bail!("unknown variant {variant:?} for autonuma"),
         }
+    }
+
+    fn peak_bytes(&self, config: &Config, _variants: usize) -> usize {
+        // One case at a time, each on an arena of its own (`run_case`).
+        let (buf, _) = sizes(config.timing.quick);
+        (4 * buf as usize + (16 << 20)).next_multiple_of(4 << 20)
     }
 
     fn params_for(&self, config: &Config) -> Map<String, Value> {

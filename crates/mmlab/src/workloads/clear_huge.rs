@@ -1,4 +1,4 @@
-//! `clear_huge` (seeds/001, multi-page huge page clearing): demand-fault huge
+//! `clear_huge` ("x86/clear_huge_page: multi-page clearing", docs/upstream.md): demand-fault huge
 //! pages and measure the bytes faulted in per second, which is mostly the speed
 //! of clearing them, per clearing strategy, beside raw clearing loops and the
 //! kernel's own huge page faults. One thread.
@@ -517,6 +517,7 @@ mod tests {
             settings: Vec::new(),
             params: Map::new(),
             swap_file: None,
+            sizes: Vec::new(),
         };
         let peer = ClearHuge.build("mmkit", &config).unwrap();
         let want = peer.mm().unwrap().clear_plan().to_string();

@@ -1,8 +1,10 @@
-//! `highalloc` (mmtests' stress-highalloc, the high-order test of seeds/000):
-//! how many order-9 blocks can still be had, and how fast, from memory that
-//! order-0 pages have fragmented, while page faults keep going.
+//! `highalloc` (mmtests' stress-highalloc, the high-order test of Aaron Lu's
+//! zone->lock series, docs/upstream.md): how many order-9 blocks can still be
+//! had, and how fast, from memory that order-0 pages have fragmented, while
+//! page faults keep going.
 //!
-//! The arena is `--memory` (1 GiB by default; `--quick`: at most 128 MiB). A
+//! The arena is the run's planned arena (1 GiB where the memory budget allows;
+//! `--quick`: at most 128 MiB). A
 //! point, on one mmkit variant:
 //! 1. fill: one `Space` maps `FILL_PCT`% of the free memory and writes every page
 //!    of it (movable order-0 pages with a reverse map);
@@ -40,7 +42,7 @@ use mmkit::{Gfp, Pfn, PAGE_SIZE};
 use serde_json::{Map, Value};
 use std::time::Instant;
 
-/// Largest arena with `--quick` (a full run uses `--memory`, 1 GiB by default).
+/// Largest arena with `--quick` (a full run uses the planned arena, 1 GiB where it fits).
 pub const QUICK_ARENA: usize = 128 << 20;
 /// Share of the free memory the fill faults in, in percent.
 pub const FILL_PCT: u64 = 90;

@@ -129,6 +129,12 @@ pub trait Workload: Sync {
     fn mmkit_arena(&self, config: &Config) -> usize {
         config.memory
     }
+    /// The most memory it holds at once under `config` with `variants` variants
+    /// built (for `mmlab run`'s memory plan): by default each variant's arena,
+    /// prefaulted (a native variant maps at most as much data as an arena holds).
+    fn peak_bytes(&self, config: &Config, variants: usize) -> usize {
+        variants.max(1) * self.mmkit_arena(config)
+    }
     /// Measures one point: `threads` threads on `peer` for `timing`.
     fn run(&self, peer: &Peer, threads: usize, timing: &Timing) -> Vec<Figure>;
     /// Whether the runner may repeat a point `--rounds` times and report the
@@ -473,6 +479,7 @@ mod tests {
             settings: Vec::new(),
             params: Map::new(),
             swap_file: None,
+            sizes: Vec::new(),
         };
         for w in all() {
             let Some(own) = w.own_variants() else {

@@ -1,4 +1,4 @@
-//! `order0_thp_mix` (the mixed test of seeds/000): order-0 faults and huge-page
+//! `order0_thp_mix` (the mixed test of Aaron Lu's zone->lock series, docs/upstream.md): order-0 faults and huge-page
 //! faults at the same time, after every high-order block was broken up: the case
 //! where skipping the merge of order-0 pages cost huge pages dearly (-69% THP
 //! score in the seed, -8.8% with its cluster allocation).

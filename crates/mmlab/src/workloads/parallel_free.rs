@@ -1,4 +1,4 @@
-//! `parallel_free` (the "parallel free" of seeds/000): fault a large anonymous
+//! `parallel_free` (the "parallel free" of Aaron Lu's zone->lock series, docs/upstream.md): fault a large anonymous
 //! region in (1 GiB; `--quick`: 64 MiB), 4 KiB pages, then time its unmap. mmkit
 //! frees it with `munmap_parallel(addr, len, n)`, n being the point's thread
 //! count (n = 1 is a plain `munmap`); `kernel` maps the same size with libc,

@@ -1,5 +1,5 @@
-//! `pmbench` (the swap experiment of seed 002): each thread has its own address
-//! space and loops over uniformly random pages of its working set, 80% 4-byte
+//! `pmbench` (the swap experiment of Huang Ying's swap-slot series,
+//! docs/upstream.md): each thread has its own address space and loops over uniformly random pages of its working set, 80% 4-byte
 //! reads and 20% 4-byte writes; the working sets together are `WSS_FACTOR` times
 //! the arena, and swap is a RAM device sized to hold them with a sixteenth to
 //! spare (nearly full and fragmented, as in the seed). Each point warms up until
@@ -130,12 +130,12 @@ const VARIANTS: &[VariantInfo] = &[
     },
     VariantInfo {
         name: "mmkit-swap-2019",
-        description: "mmkit with Linux's swap before seed 002: one shared scan cursor, swap \
-                      cache in 64 MiB trunks",
+        description: "mmkit with Linux's swap before the per-CPU swap-slot cursors: one shared \
+                      scan cursor, swap cache in 64 MiB trunks",
     },
     VariantInfo {
         name: "mmkit-swap-2020",
-        description: "mmkit with seed 002: per-CPU cursors jumping to random trunks, trunks",
+        description: "mmkit with per-CPU swap-slot cursors jumping to random trunks, trunks",
     },
     VariantInfo {
         name: "mmkit-swap-6.18",
@@ -635,7 +635,7 @@ impl Workload for Pmbench {
     }
 
     fn description(&self) -> &'static str {
-        "pmbench as seed 002 ran it: a space per thread, uniformly random 4-byte accesses \
+        "pmbench as the swap-slot series ran it: a space per thread, uniformly random 4-byte accesses \
          (80% reads) over working sets 4x the arena (512 MiB; quick: 32 MiB), swap on a RAM \
          device just large enough; warmed up until swapping is steady; an op is one access"
     }
@@ -658,6 +658,13 @@ impl Workload for Pmbench {
 
     fn mmkit_arena(&self, config: &Config) -> usize {
         arena(config.timing.quick)
+    }
+
+    fn peak_bytes(&self, config: &Config, variants: usize) -> usize {
+        // Each mmkit variant: its arena and a RAM swap device for the rest of
+        // the working sets.
+        let a = arena(config.timing.quick);
+        variants.max(1) * (a + swap_bytes(a))
     }
 
     fn build(&self, variant: &str, config: &Config) -> anyhow::Result<Peer> {
