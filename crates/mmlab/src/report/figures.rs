@@ -9,7 +9,9 @@
 //! threads (the seed's direction and mmkit's scan policy in numa01-full, the
 //! recovery in numa01-recover, convergence and cost in numa02 and
 //! numa01_THREAD_ALLOC); pmbench (the swap-cache and LRU locks and the score
-//! against the 2019 policies at 8 threads, against the kernel at 2). A figure
+//! against the 2019 policies at 8 threads, against the kernel at 2); reclaim
+//! (device reads against the kernel, exact LRU and fixed ceilings, the scan
+//! cost, kswapd CPU against the classic policy). A figure
 //! whose inputs were not measured says so.
 
 use crate::record::{lookup, lookup_case, Record};
@@ -310,6 +312,84 @@ fn pmbench(records: &[Record], out: &mut Vec<String>) {
     ));
 }
 
+/// One variant's value of `metric` in `case` (1 thread) against a ceiling: a
+/// number, or (`plus`) another variant's value plus that many.
+fn case_ceiling(
+    records: &[Record],
+    workload: &str,
+    case: &str,
+    metric: &str,
+    variant: &str,
+    ceiling: f64,
+    plus: Option<&str>,
+) -> String {
+    let head = format!("{workload} ({case}): {variant} {metric}");
+    let get = |v: &str| lookup_case(records, workload, v, 1, metric, case);
+    let limit = match plus {
+        Some(other) => get(other).map(|y| (y + ceiling, format!("{other} {} + {ceiling}", num(y)))),
+        None => Some((ceiling, num(ceiling))),
+    };
+    match (get(variant), limit) {
+        (Some(x), Some((l, shown))) => format!(
+            "{head} = {} (target <= {shown}: {})",
+            num(x),
+            if x <= l { "met" } else { "not met" }
+        ),
+        _ => format!("{head}: not measured"),
+    }
+}
+
+/// The reclaim figures: which pages mmkit's eviction keeps, against the
+/// kernel, exact LRU and the classic policy.
+fn reclaim(records: &[Record], out: &mut Vec<String>) {
+    let w = "reclaim";
+    let (pct, hot, swapins) = (
+        "device_reads_pct",
+        "device_reads_per_hot_page",
+        "swapins",
+    );
+    let r = |case: &str, m: &str, b: &str, k: f64| {
+        case_ratio(records, w, case, 1, m, "mmkit", b, Target::AtMost(k))
+    };
+    out.push(case_ceiling(records, w, "zipf", pct, "mmkit", 22.0, None));
+    out.push(r("zipf", pct, "kernel", 0.92));
+    out.push(case_ceiling(records, w, "scan", hot, "mmkit", 0.05, None));
+    out.push(r("shift", swapins, "kernel", 0.8));
+    out.push(r("shift", swapins, "lru-exact", 1.0));
+    out.push(case_ceiling(
+        records,
+        w,
+        "shift",
+        "settle_faults_per_memory",
+        "mmkit",
+        1.0,
+        None,
+    ));
+    out.push(case_ceiling(
+        records,
+        w,
+        "loop",
+        pct,
+        "mmkit",
+        1.0,
+        Some("lru-exact"),
+    ));
+    out.push(r("loop", pct, "kernel", 1.0));
+    for case in ["zipf", "scan"] {
+        out.push(case_ceiling(
+            records,
+            w,
+            case,
+            "pgscan_per_pgsteal",
+            "mmkit",
+            2.0,
+            None,
+        ));
+    }
+    let classic = "mmkit-lru-classic";
+    out.push(r("zipf", "kswapd_cpu_ns_per_page", classic, 1.0));
+}
+
 /// The figures, one line each.
 pub fn figures(records: &[Record]) -> Vec<String> {
     let mut out = vec![
@@ -395,6 +475,7 @@ pub fn figures(records: &[Record]) -> Vec<String> {
     }
     autonuma(records, &mut out);
     pmbench(records, &mut out);
+    reclaim(records, &mut out);
     out
 }
 

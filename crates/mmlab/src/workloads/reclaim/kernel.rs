@@ -6,7 +6,8 @@
 //! Protocol (one line per message, `host::child`): parent -> child `start`
 //! (the child is in its cgroup); child -> parent `result <accesses> <failures>
 //! <corrupt> <elapsed_ns> <pswpin> <majflt> <pgscan_kswapd> <pgscan_direct>
-//! <pgsteal_kswapd> <pgsteal_direct> <resident>`, `series <acc>:<reads> ...`,
+//! <pgsteal_kswapd> <pgsteal_direct> <resident>` (the reclaim counters over
+//! the whole measured span, `Outcome::span`), `series <acc>:<reads> ...`,
 //! `done`. The child reads /proc/vmstat (host-wide) and its own major faults
 //! (`getrusage`) at each measure edge and sample. Teardown (child, cgroup,
 //! swapoff, loop device, tmpfs) is `HostSwap`'s, on every path.
@@ -14,7 +15,7 @@
 use super::replay::{replay, Outcome, Snapshot, Target};
 use super::trace::Spec;
 use crate::host::child::{child_exe, child_setup, send_line, ChildProc};
-use crate::host::facts::vmstat;
+use crate::host::facts::{parse_vmstat, vmstat};
 use crate::host::mem::{mmap_anon, PAGE};
 use crate::host::swap::HostSwap;
 use std::io::BufRead;
@@ -29,6 +30,21 @@ struct HostTarget {
     segs: Vec<*mut u8>,
     seg_pages: u64,
     rss0: u64,
+    /// This process's cgroup v2 `memory.stat` (its reclaim counters), if any.
+    memcg_stat: Option<std::path::PathBuf>,
+}
+
+/// The `memory.stat` of this process's cgroup on a v2 hierarchy (v1's has no
+/// reclaim counters).
+fn memcg_stat() -> Option<std::path::PathBuf> {
+    let crate::host::cgroup::CgroupRoot::V2(root) = crate::host::cgroup::CgroupRoot::find().ok()?
+    else {
+        return None;
+    };
+    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = cg.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let stat = root.join(path.trim_start_matches('/')).join("memory.stat");
+    stat.exists().then_some(stat)
 }
 
 fn rss_anon_pages() -> u64 {
@@ -55,6 +71,7 @@ impl HostTarget {
             segs,
             seg_pages,
             rss0,
+            memcg_stat: memcg_stat(),
         })
     }
 
@@ -99,13 +116,19 @@ impl Target for HostTarget {
     }
 
     fn snapshot(&mut self) -> Snapshot {
-        let [reads, sk, sd, tk, td] = vmstat([
-            "pswpin",
+        let keys = [
             "pgscan_kswapd",
             "pgscan_direct",
             "pgsteal_kswapd",
             "pgsteal_direct",
-        ]);
+        ];
+        let [reads] = vmstat(["pswpin"]);
+        // Limit reclaim is counted in the cgroup's memory.stat (v2), not in
+        // the host's /proc/vmstat (global reclaim only).
+        let [sk, sd, tk, td] = match &self.memcg_stat {
+            Some(p) => parse_vmstat(&std::fs::read_to_string(p).unwrap_or_default(), keys),
+            None => vmstat(keys),
+        };
         // SAFETY: getrusage writes one rusage struct we own.
         let majflt = unsafe {
             let mut ru: libc::rusage = std::mem::zeroed();
@@ -155,10 +178,10 @@ pub fn child_main(deadline_ms: u64, spec: &[String]) -> anyhow::Result<()> {
             o.elapsed.as_nanos(),
             c.reads,
             c.majflt,
-            c.pgscan_kswapd,
-            c.pgscan_direct,
-            c.pgsteal_kswapd,
-            c.pgsteal_direct,
+            o.span.pgscan_kswapd,
+            o.span.pgscan_direct,
+            o.span.pgsteal_kswapd,
+            o.span.pgsteal_direct,
             o.resident
         ),
     )?;
@@ -197,11 +220,14 @@ pub fn parse(result: &str, series: &str) -> Option<Outcome> {
         counts: Snapshot {
             reads,
             majflt,
+            ..Snapshot::default()
+        },
+        span: Snapshot {
             pgscan_kswapd: sk,
             pgscan_direct: sd,
             pgsteal_kswapd: tk,
             pgsteal_direct: td,
-            kswapd_ns: 0,
+            ..Snapshot::default()
         },
         series,
         resident,
@@ -247,7 +273,7 @@ mod tests {
     fn protocol_lines_parse() {
         let o = parse("result 10 0 0 1000 3 2 4 5 6 7 99", "series 5:1 10:3").unwrap();
         assert_eq!((o.accesses, o.counts.reads, o.counts.majflt), (10, 3, 2));
-        assert_eq!(o.counts.pgsteal_direct, 7);
+        assert_eq!(o.span.pgsteal_direct, 7);
         assert_eq!(o.resident, 99);
         assert_eq!(o.series, vec![(5, 1), (10, 3)]);
         assert!(parse("result 1 2", "series").is_none());
@@ -259,6 +285,7 @@ mod tests {
     #[test]
     fn host_target_keeps_content() {
         let mut t = HostTarget::new(8, 4).unwrap();
+        let _ = t.snapshot();
         for p in 0..8 {
             assert_eq!(t.access(p, true, p as u32 + 1), Some(p as u32 + 1));
         }

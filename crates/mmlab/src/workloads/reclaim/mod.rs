@@ -305,6 +305,8 @@ fn figures(case: &str, spec: &Spec, o: &Outcome, kernel: bool) -> Vec<Figure> {
             settle as f64 / memory_pages.max(1) as f64,
         ));
     }
+    // Reclaim cost over the whole measured span (scan: its scans too).
+    let c = &o.span;
     let steal = c.pgsteal_kswapd + c.pgsteal_direct;
     if steal > 0 {
         let scan = c.pgscan_kswapd + c.pgscan_direct;

@@ -80,6 +80,10 @@ pub struct Outcome {
     pub elapsed: Duration,
     /// The counters' deltas over the measured stretches.
     pub counts: Snapshot,
+    /// The counters' deltas from the first measured access to the end of the
+    /// last measured stretch, unmeasured stretches between included (the
+    /// reclaim cost of the whole measured span: scan's scans too).
+    pub span: Snapshot,
     /// (measured accesses, measured reads) at each `Sample`.
     pub series: Vec<(u64, u64)>,
     /// Mean resident pages at the samples and measure edges (0 if unknown).
@@ -91,6 +95,7 @@ pub fn replay(src: &mut dyn Source, t: &mut dyn Target) -> Result<Outcome, Trace
     let mut o = Outcome::default();
     let mut buf = Vec::with_capacity(BATCH + 2);
     let mut on: Option<(Instant, Snapshot)> = None;
+    let mut first: Option<Snapshot> = None;
     let (mut res_sum, mut res_n) = (0u64, 0u64);
     let mut acc_in = 0u64;
     loop {
@@ -110,13 +115,16 @@ pub fn replay(src: &mut dyn Source, t: &mut dyn Target) -> Result<Outcome, Trace
                     acc_in += u64::from(on.is_some());
                 }
                 Event::Measure(true) if on.is_none() => {
-                    on = Some((Instant::now(), t.snapshot()));
+                    let s = t.snapshot();
+                    first.get_or_insert(s);
+                    on = Some((Instant::now(), s));
                 }
                 Event::Measure(false) => {
                     if let Some((t0, s0)) = on.take() {
                         o.elapsed += t0.elapsed();
                         let s1 = t.snapshot();
                         o.counts.add(&s1.since(&s0));
+                        o.span = s1.since(first.as_ref().unwrap_or(&s0));
                         o.accesses += acc_in;
                         acc_in = 0;
                         res_sum += t.resident();
@@ -141,7 +149,9 @@ pub fn replay(src: &mut dyn Source, t: &mut dyn Target) -> Result<Outcome, Trace
     }
     if let Some((t0, s0)) = on.take() {
         o.elapsed += t0.elapsed();
-        o.counts.add(&t.snapshot().since(&s0));
+        let s1 = t.snapshot();
+        o.counts.add(&s1.since(&s0));
+        o.span = s1.since(first.as_ref().unwrap_or(&s0));
         o.accesses += acc_in;
     }
     o.resident = res_sum.checked_div(res_n).unwrap_or(0);

@@ -239,7 +239,7 @@ fn plan(case: Case, m: u64) -> (Shape, Vec<Step>) {
         // One space 4x memory, filled once, then Zipf(0.9) accesses.
         Case::Zipf => {
             let pages = 4 * m;
-            let (warm, n) = if quick { (60_000, 60_000) } else { (600_000, 1_500_000) };
+            let (warm, n) = if quick { (60_000, 60_000) } else { (400_000, 1_000_000) };
             let steps = vec![
                 Step::Fill { from: 0, to: pages },
                 Step::Zipf { n: warm },
