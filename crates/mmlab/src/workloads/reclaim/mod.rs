@@ -192,10 +192,10 @@ fn sizes(quick: bool) -> (u64, u64) {
     (fp, mem)
 }
 
-/// The arena of the mmkit variants: the memory, in whole 4 MiB blocks.
+/// The arena of the mmkit variants: the memory, at least mmkit's 2 MiB
+/// minimum (one pageblock).
 fn arena(quick: bool) -> usize {
-    let bytes = sizes(quick).1 * 4096;
-    (bytes.div_ceil(4 << 20) * (4 << 20)).max(4 << 20) as usize
+    (sizes(quick).1 * 4096).max(2 << 20) as usize
 }
 
 /// The swap device: the largest footprint and a sixteenth.
