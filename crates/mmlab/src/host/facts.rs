@@ -161,7 +161,10 @@ pub fn parse_vmstat<const N: usize>(s: &str, keys: [&str; N]) -> [u64; N] {
 
 /// The named counters of /proc/vmstat (zeros if unreadable).
 pub fn vmstat<const N: usize>(keys: [&str; N]) -> [u64; N] {
-    parse_vmstat(&fs::read_to_string("/proc/vmstat").unwrap_or_default(), keys)
+    parse_vmstat(
+        &fs::read_to_string("/proc/vmstat").unwrap_or_default(),
+        keys,
+    )
 }
 
 #[cfg(test)]
@@ -186,7 +189,10 @@ mod tests {
             (12, 34)
         );
         assert_eq!(
-            parse_vmstat("pswpin 12\npgscan_kswapd 7\n", ["pgscan_kswapd", "pswpin", "nope"]),
+            parse_vmstat(
+                "pswpin 12\npgscan_kswapd 7\n",
+                ["pgscan_kswapd", "pswpin", "nope"]
+            ),
             [7, 12, 0]
         );
     }

@@ -343,11 +343,7 @@ fn case_ceiling(
 /// kernel, exact LRU and the classic policy.
 fn reclaim(records: &[Record], out: &mut Vec<String>) {
     let w = "reclaim";
-    let (pct, hot, swapins) = (
-        "device_reads_pct",
-        "device_reads_per_hot_page",
-        "swapins",
-    );
+    let (pct, hot, swapins) = ("device_reads_pct", "device_reads_per_hot_page", "swapins");
     let r = |case: &str, m: &str, b: &str, k: f64| {
         case_ratio(records, w, case, 1, m, "mmkit", b, Target::AtMost(k))
     };

@@ -155,7 +155,7 @@ mod tests {
         assert_eq!(l.access(1, false, 0), Some(2)); // a read back: device read
         assert_eq!(l.snapshot().reads, 1);
         assert!(!l.is_resident(2)); // 2 was the least recent
-        // Dropping segment 0 (pages 0..4) frees them: the next touch is fresh.
+                                    // Dropping segment 0 (pages 0..4) frees them: the next touch is fresh.
         l.discard(0).unwrap();
         assert_eq!(l.resident(), 0);
         assert_eq!(l.access(2, false, 0), Some(0));

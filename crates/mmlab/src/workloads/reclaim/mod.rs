@@ -84,29 +84,106 @@ macro_rules! metric {
     };
 }
 
-metric!(READS_PCT, "device_reads_pct", "%", false, false, false,
-    "swap-device reads (pswpin; lru-exact: misses of pages seen before) per measured access");
-metric!(READS_PER_HOT_PAGE, "device_reads_per_hot_page", "1", false, false, true,
-    "scan: swap-device reads per hot page per round, after 2 warm-up rounds");
-metric!(SWAPINS, "swapins", "pages", false, false, false,
-    "swap-device reads over the measured part of the trace");
-metric!(MAJFLT_PCT, "major_faults_pct", "%", false, false, true,
-    "kernel: major faults of the child per measured access");
-metric!(SETTLE, "settle_faults_per_memory", "x", false, false, true,
+metric!(
+    READS_PCT,
+    "device_reads_pct",
+    "%",
+    false,
+    false,
+    false,
+    "swap-device reads (pswpin; lru-exact: misses of pages seen before) per measured access"
+);
+metric!(
+    READS_PER_HOT_PAGE,
+    "device_reads_per_hot_page",
+    "1",
+    false,
+    false,
+    true,
+    "scan: swap-device reads per hot page per round, after 2 warm-up rounds"
+);
+metric!(
+    SWAPINS,
+    "swapins",
+    "pages",
+    false,
+    false,
+    false,
+    "swap-device reads over the measured part of the trace"
+);
+metric!(
+    MAJFLT_PCT,
+    "major_faults_pct",
+    "%",
+    false,
+    false,
+    true,
+    "kernel: major faults of the child per measured access"
+);
+metric!(
+    SETTLE,
+    "settle_faults_per_memory",
+    "x",
+    false,
+    false,
+    true,
     "shift: faults after the hot set moved until a window's miss ratio is within 1 point \
-     of the new steady state, in memories (pages / memory pages)");
-metric!(SCAN_PER_STEAL, "pgscan_per_pgsteal", "x", false, false, true,
-    "pages scanned per page reclaimed, kswapd and direct together (kernel: host-wide)");
-metric!(KSWAPD_PCT, "kswapd_steal_pct", "%", true, false, true,
-    "evictions (pgsteal) done by kswapd, the rest by direct reclaim (kernel: host-wide)");
-metric!(KSWAPD_NS, "kswapd_cpu_ns_per_page", "ns", false, true, true,
-    "CPU time of the kswapd threads per page they reclaimed (schedstat)");
-metric!(ACCESSES, "accesses_per_sec", "1/s", true, false, false,
-    "measured accesses per second (one thread; lru-exact: the model's speed)");
-metric!(RESIDENT_M, "resident_pages", "pages", true, false, false,
-    "mean resident pages of the trace while measured (lru-exact: its fixed count)");
-metric!(CORRUPT, "corrupt_reads", "reads", false, false, true,
-    "reads that found neither the last value written nor zero (must be 0)");
+     of the new steady state, in memories (pages / memory pages)"
+);
+metric!(
+    SCAN_PER_STEAL,
+    "pgscan_per_pgsteal",
+    "x",
+    false,
+    false,
+    true,
+    "pages scanned per page reclaimed, kswapd and direct together (kernel: host-wide)"
+);
+metric!(
+    KSWAPD_PCT,
+    "kswapd_steal_pct",
+    "%",
+    true,
+    false,
+    true,
+    "evictions (pgsteal) done by kswapd, the rest by direct reclaim (kernel: host-wide)"
+);
+metric!(
+    KSWAPD_NS,
+    "kswapd_cpu_ns_per_page",
+    "ns",
+    false,
+    true,
+    true,
+    "CPU time of the kswapd threads per page they reclaimed (schedstat)"
+);
+metric!(
+    ACCESSES,
+    "accesses_per_sec",
+    "1/s",
+    true,
+    false,
+    false,
+    "measured accesses per second (one thread; lru-exact: the model's speed)"
+);
+metric!(
+    RESIDENT_M,
+    "resident_pages",
+    "pages",
+    true,
+    false,
+    false,
+    "mean resident pages of the trace while measured (lru-exact: its fixed count)"
+);
+metric!(
+    CORRUPT,
+    "corrupt_reads",
+    "reads",
+    false,
+    false,
+    true,
+    "reads that found neither the last value written nor zero (must be 0)"
+);
 
 const METRICS: &[Metric] = &[
     READS_PCT,

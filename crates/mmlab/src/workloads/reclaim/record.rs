@@ -208,10 +208,22 @@ mod tests {
             buf,
             vec![
                 Measure(true),
-                Touch { page: 0, write: true },
-                Touch { page: 1, write: true },
-                Touch { page: 2, write: true },
-                Touch { page: 0, write: false },
+                Touch {
+                    page: 0,
+                    write: true
+                },
+                Touch {
+                    page: 1,
+                    write: true
+                },
+                Touch {
+                    page: 2,
+                    write: true
+                },
+                Touch {
+                    page: 0,
+                    write: false
+                },
                 Measure(false),
             ]
         );

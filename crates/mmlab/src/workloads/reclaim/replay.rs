@@ -142,7 +142,8 @@ pub fn replay(src: &mut dyn Source, t: &mut dyn Target) -> Result<Outcome, Trace
                     }
                 }
                 Event::Discard(n) => {
-                    t.discard(n).map_err(|e| TraceError(format!("discard: {e}")))?;
+                    t.discard(n)
+                        .map_err(|e| TraceError(format!("discard: {e}")))?;
                 }
             }
         }
@@ -175,9 +176,9 @@ pub fn settle_faults(series: &[(u64, u64)], move_at: u64) -> Option<u64> {
     };
     let steady = ratio(&after[after.len() / 2..]);
     let r_move = after[0].1;
-    after.windows(2).find_map(|w| {
-        (ratio(w) <= steady + 0.01).then(|| w[0].1 - r_move)
-    })
+    after
+        .windows(2)
+        .find_map(|w| (ratio(w) <= steady + 0.01).then(|| w[0].1 - r_move))
 }
 
 #[cfg(test)]

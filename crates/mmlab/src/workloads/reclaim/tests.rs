@@ -41,7 +41,13 @@ fn a_good_file_reads_back_in_small_batches() {
     let p = tmp("good.mmtrace");
     let recs = [(0, true), (1, false), (0, false), (2, true), (1, true)];
     let h = write_trace(&p, &recs);
-    assert_eq!(h, Header { footprint: 3, records: 5 });
+    assert_eq!(
+        h,
+        Header {
+            footprint: 3,
+            records: 5
+        }
+    );
     assert_eq!(file_header(&p).unwrap(), h);
     let ev = read_all(&p).unwrap();
     assert_eq!(ev.first(), Some(&Event::Measure(true)));
@@ -207,7 +213,11 @@ fn cases_replay_on_mmkit_with_swap() {
         assert_eq!(o.failures, 0, "{case:?}");
         assert!(o.accesses > 0);
         assert!(o.counts.reads > 0, "{case:?}: nothing read back from swap");
-        assert!(o.resident > 0 && o.resident <= m, "{case:?}: {}", o.resident);
+        assert!(
+            o.resident > 0 && o.resident <= m,
+            "{case:?}: {}",
+            o.resident
+        );
         let f = figures(case.name(), &spec, &o, false);
         assert!(f.iter().all(|x| x.case.as_deref() == Some(case.name())));
     }

@@ -162,7 +162,7 @@ impl Case {
 pub const ZIPF_S: f64 = 0.9;
 /// Writes in percent of the random accesses.
 pub const WRITE_PCT: u64 = 20;
-const SEED: u64 = 0x7265_636c_6169_6d;
+const SEED: u64 = 0x0072_6563_6c61_696d;
 
 /// One piece of a synthetic trace.
 #[derive(Clone, Debug)]
@@ -239,7 +239,11 @@ fn plan(case: Case, m: u64) -> (Shape, Vec<Step>) {
         // One space 4x memory, filled once, then Zipf(0.9) accesses.
         Case::Zipf => {
             let pages = 4 * m;
-            let (warm, n) = if quick { (60_000, 60_000) } else { (400_000, 1_000_000) };
+            let (warm, n) = if quick {
+                (60_000, 60_000)
+            } else {
+                (400_000, 1_000_000)
+            };
             let steps = vec![
                 Step::Fill { from: 0, to: pages },
                 Step::Zipf { n: warm },
@@ -397,7 +401,11 @@ impl Synthetic {
             }
             Step::Fill { from, to } => (from + i < to).then(|| (from + i, true)),
             Step::Zipf { n } => (i < n).then(|| {
-                let page = self.zipf.as_ref().expect("zipf table").sample(&mut self.rng);
+                let page = self
+                    .zipf
+                    .as_ref()
+                    .expect("zipf table")
+                    .sample(&mut self.rng);
                 (page, self.write_draw())
             }),
             Step::Uniform { base, pages, n } => (i < n).then(|| {
@@ -410,7 +418,7 @@ impl Synthetic {
                 pages,
                 passes,
             } => (i < pages * passes).then(|| {
-                if i % pages == 0 {
+                if i.is_multiple_of(pages) {
                     self.order = (base..base + pages).collect();
                     let mut rng = XorShift::new(self.rng.next_u64());
                     shuffle(&mut self.order, &mut rng);
@@ -524,7 +532,7 @@ pub fn read_header(r: &mut impl Read, len: u64) -> Result<Header, TraceError> {
             "truncated at byte offset {}: the header says {records} records, the file \
              holds {whole}{}",
             HEADER + whole * 4,
-            if (len - HEADER) % 4 != 0 {
+            if !(len - HEADER).is_multiple_of(4) {
                 " and a partial one"
             } else {
                 ""
@@ -605,7 +613,10 @@ impl Source for FileSource {
         while buf.len() < max && self.read < self.header.records {
             let off = HEADER + self.read * 4;
             self.r.read_exact(&mut rec).map_err(|e| {
-                TraceError(format!("{}: truncated at byte offset {off}: {e}", self.name))
+                TraceError(format!(
+                    "{}: truncated at byte offset {off}: {e}",
+                    self.name
+                ))
             })?;
             let v = u32::from_le_bytes(rec);
             let page = u64::from(v >> 1);
