@@ -556,7 +556,7 @@ mod tests {
             "alloc_free_batch @ 8 threads: zone_lock_contended_pct mmkit 1.50%"
         );
         assert!(f[3].ends_with("not measured"));
-        assert_eq!(f.len(), 28);
+        assert_eq!(f.len(), 39);
         assert!(f[4..].iter().all(|l| l.ends_with("not measured")));
     }
 
@@ -639,6 +639,38 @@ mod tests {
         assert!(f[12].contains("thp_score = 1.00x") && f[12].ends_with("met)"));
     }
 
+    fn rc(variant: &str, case: &str, metric: &str, value: f64) -> Record {
+        let mut r = rec("reclaim", variant, 1, metric, value);
+        r.case = Some(case.into());
+        r
+    }
+
+    #[test]
+    fn reclaim_figures_come_from_case_records() {
+        let recs = vec![
+            rc("mmkit", "zipf", "device_reads_pct", 21.5),
+            rc("kernel", "zipf", "device_reads_pct", 23.9),
+            rc("mmkit", "loop", "device_reads_pct", 100.5),
+            rc("lru-exact", "loop", "device_reads_pct", 99.0),
+            rc("mmkit", "scan", "device_reads_per_hot_page", 0.5),
+        ];
+        let f = figures(&recs);
+        let find = |head: &str| f.iter().find(|l| l.starts_with(head)).unwrap().clone();
+        assert_eq!(
+            find("reclaim (zipf): mmkit device_reads_pct"),
+            "reclaim (zipf): mmkit device_reads_pct = 21.50 (target <= 22.00: met)"
+        );
+        assert!(find("reclaim (zipf) @ 1 thread: mmkit / kernel").contains("0.90x"));
+        assert!(find("reclaim (zipf) @ 1 thread: mmkit / kernel").ends_with(": met)"));
+        assert_eq!(
+            find("reclaim (loop): mmkit device_reads_pct"),
+            "reclaim (loop): mmkit device_reads_pct = 100.50 \
+             (target <= lru-exact 99.00 + 1: not met)"
+        );
+        assert!(find("reclaim (scan): mmkit device_reads_per_hot_page").ends_with("not met)"));
+        assert!(find("reclaim (shift)").ends_with("not measured"));
+    }
+
     fn an(variant: &str, case: &str, metric: &str, value: f64) -> Record {
         let mut r = rec("autonuma", variant, 4, metric, value);
         r.case = Some(case.into());
@@ -663,7 +695,7 @@ mod tests {
             an("mmkit-numab-linux", "numa02", "system_ms", 10.0),
         ];
         let f = figures(&recs);
-        assert_eq!(f.len(), 28);
+        assert_eq!(f.len(), 39);
         assert_eq!(
             f[13],
             "autonuma (numa01-full) @ 4 threads: mmkit-numab-linux / mmkit-numab-4.0 \

@@ -165,7 +165,10 @@ pub fn replay(src: &mut dyn Source, t: &mut dyn Target) -> Result<Outcome, Trace
 /// is. Windows are the stretches between samples.
 pub fn settle_faults(series: &[(u64, u64)], move_at: u64) -> Option<u64> {
     let start = series.iter().position(|&(a, _)| a >= move_at)?;
-    let after = &series[start..];
+    // A sample taken twice at one point (the move's own marker on a window
+    // boundary) is one sample: windows have accesses.
+    let mut after: Vec<(u64, u64)> = series[start..].to_vec();
+    after.dedup_by_key(|s| s.0);
     if after.len() < 4 {
         return None;
     }
@@ -175,6 +178,7 @@ pub fn settle_faults(series: &[(u64, u64)], move_at: u64) -> Option<u64> {
         (r1 - r0) as f64 / (a1 - a0).max(1) as f64
     };
     let steady = ratio(&after[after.len() / 2..]);
+    let after = &after[..];
     let r_move = after[0].1;
     after
         .windows(2)
@@ -196,6 +200,10 @@ mod tests {
             s.push((1100 + 100 * i as u64, r));
         }
         assert_eq!(settle_faults(&s, 1000), Some(90));
+        // The move's marker repeats the sample at the move: still 90.
+        let mut twice = s.clone();
+        twice.insert(1, (1000, 0));
+        assert_eq!(settle_faults(&twice, 1000), Some(90));
         assert_eq!(settle_faults(&s, 5000), None);
     }
 }
