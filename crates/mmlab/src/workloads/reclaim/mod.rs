@@ -275,10 +275,10 @@ fn arena(quick: bool) -> usize {
     (sizes(quick).1 * 4096).max(2 << 20) as usize
 }
 
-/// The swap device: the largest footprint and a sixteenth.
+/// The swap device: the largest footprint, a sixteenth and 1 MiB, in pages.
 fn swap_bytes(quick: bool) -> u64 {
     let b = sizes(quick).0 * 4096;
-    b + b / 16 + (1 << 20)
+    (b + b / 16 + (1 << 20)).div_ceil(4096) * 4096
 }
 
 /// The trace's pages in an mmkit `Space`, one mapping per segment.
