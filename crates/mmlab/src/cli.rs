@@ -57,6 +57,30 @@ enum Command {
         wss_bytes: usize,
         deadline_ms: u64,
     },
+    /// Internal: the child process of reclaim's kernel peer.
+    #[command(name = "reclaim-child", hide = true)]
+    ReclaimChild {
+        deadline_ms: u64,
+        #[arg(num_args = 3)]
+        spec: Vec<String>,
+    },
+    /// Page traces of real programs for `run reclaim --trace`.
+    #[command(subcommand)]
+    Trace(TraceCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum TraceCommand {
+    /// Run PROGRAM under valgrind's lackey and write its data references as a
+    /// page trace (exit status 77 when valgrind is missing).
+    Record {
+        /// The trace file [default: PROGRAM's name with .mmtrace].
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// The program and its arguments (after `--`).
+        #[arg(required = true, last = true, value_name = "PROGRAM ARGS")]
+        program: Vec<String>,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -134,6 +158,13 @@ struct RunArgs {
     /// or `file:PATH`, a real file (created, removed afterwards) [default: ram].
     #[arg(long, value_name = "ram|file:PATH", value_parser = parse_swap)]
     swap: Option<SwapArg>,
+    /// reclaim: replay this trace file (`mmlab trace record`) instead of the
+    /// synthetic cases.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// reclaim with --trace: memory as a fraction of the trace's footprint.
+    #[arg(long, value_name = "F", default_value_t = 0.5, requires = "trace")]
+    memory_fraction: f64,
 }
 
 /// `--swap`: a RAM device or a file.
@@ -209,7 +240,28 @@ pub fn main() -> Result<()> {
             wss_bytes,
             deadline_ms,
         } => workloads::pmbench::kernel::child_main(threads, wss_bytes, deadline_ms),
+        Command::ReclaimChild { deadline_ms, spec } => {
+            workloads::reclaim::kernel::child_main(deadline_ms, &spec)
+        }
+        Command::Trace(TraceCommand::Record { out, program }) => trace_record(out, &program),
     }
+}
+
+/// `mmlab trace record`.
+fn trace_record(out: Option<PathBuf>, program: &[String]) -> Result<()> {
+    use workloads::reclaim::record;
+    if let Some(why) = record::valgrind_missing() {
+        eprintln!("skipped: {why}");
+        std::process::exit(record::SKIPPED);
+    }
+    let out = out.unwrap_or_else(|| {
+        let name = std::path::Path::new(&program[0])
+            .file_name()
+            .map_or("trace".into(), |n| n.to_string_lossy().into_owned());
+        PathBuf::from(format!("{name}.mmtrace"))
+    });
+    record::record(&out, program)?;
+    Ok(())
 }
 
 /// The text of `mmlab list`.
@@ -290,6 +342,16 @@ fn run(args: RunArgs) -> Result<()> {
                 );
             }
         }
+    }
+    if let Some(path) = &args.trace {
+        if !list.iter().any(|w| w.name() == "reclaim") {
+            bail!("--trace is reclaim's: run `mmlab run reclaim --trace FILE`");
+        }
+        workloads::reclaim::set_trace(workloads::reclaim::TraceArg {
+            path: path.clone(),
+            memory_fraction: args.memory_fraction,
+        })
+        .map_err(|e| anyhow::anyhow!(e))?;
     }
     if let Some(t) = &args.threads {
         if t.is_empty() || t.contains(&0) {

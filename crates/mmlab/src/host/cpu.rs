@@ -49,6 +49,24 @@ pub fn round_robin(cpus: &[usize], i: usize) -> Vec<usize> {
     }
 }
 
+/// CPU time (ns, from `/proc/self/task/*/schedstat`) of this process's
+/// threads whose name starts with `prefix` (e.g. mmkit's `mmkit-kswapd`),
+/// summed; 0 where the kernel does not give it.
+pub fn threads_cpu_ns(prefix: &str) -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    dir.flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
+        })
+        .filter_map(|t| {
+            let s = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+            s.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,5 +88,25 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn a_named_thread_has_cpu_time() {
+        let t = std::thread::Builder::new()
+            .name("mmlab-cputest".into())
+            .spawn(|| {
+                let t0 = std::time::Instant::now();
+                let mut x = 0u64;
+                while t0.elapsed() < std::time::Duration::from_millis(20) {
+                    x = std::hint::black_box(x.wrapping_add(1));
+                }
+                threads_cpu_ns("mmlab-cputest")
+            })
+            .unwrap();
+        let ns = t.join().unwrap();
+        if std::path::Path::new("/proc/self/task").exists() {
+            assert!(ns > 0);
+        }
+        assert_eq!(threads_cpu_ns("no-such-thread-name"), 0);
     }
 }

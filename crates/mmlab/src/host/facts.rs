@@ -150,6 +150,23 @@ pub fn parse_vmstat_swap(s: &str) -> (u64, u64) {
     (get("pswpin"), get("pswpout"))
 }
 
+/// The named counters of a /proc/vmstat text (0 for a missing one).
+pub fn parse_vmstat<const N: usize>(s: &str, keys: [&str; N]) -> [u64; N] {
+    keys.map(|k| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0)
+    })
+}
+
+/// The named counters of /proc/vmstat (zeros if unreadable).
+pub fn vmstat<const N: usize>(keys: [&str; N]) -> [u64; N] {
+    parse_vmstat(
+        &fs::read_to_string("/proc/vmstat").unwrap_or_default(),
+        keys,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +187,13 @@ mod tests {
         assert_eq!(
             parse_vmstat_swap("pgfault 5\npswpin 12\npswpout 34\nx 1\n"),
             (12, 34)
+        );
+        assert_eq!(
+            parse_vmstat(
+                "pswpin 12\npgscan_kswapd 7\n",
+                ["pgscan_kswapd", "pswpin", "nope"]
+            ),
+            [7, 12, 0]
         );
     }
 

@@ -9,7 +9,9 @@
 //! threads (the seed's direction and mmkit's scan policy in numa01-full, the
 //! recovery in numa01-recover, convergence and cost in numa02 and
 //! numa01_THREAD_ALLOC); pmbench (the swap-cache and LRU locks and the score
-//! against the 2019 policies at 8 threads, against the kernel at 2). A figure
+//! against the 2019 policies at 8 threads, against the kernel at 2); reclaim
+//! (device reads against the kernel, exact LRU and fixed ceilings, the scan
+//! cost, kswapd CPU against the classic policy). A figure
 //! whose inputs were not measured says so.
 
 use crate::record::{lookup, lookup_case, Record};
@@ -310,6 +312,80 @@ fn pmbench(records: &[Record], out: &mut Vec<String>) {
     ));
 }
 
+/// One variant's value of `metric` in `case` (1 thread) against a ceiling: a
+/// number, or (`plus`) another variant's value plus that many.
+fn case_ceiling(
+    records: &[Record],
+    workload: &str,
+    case: &str,
+    metric: &str,
+    variant: &str,
+    ceiling: f64,
+    plus: Option<&str>,
+) -> String {
+    let head = format!("{workload} ({case}): {variant} {metric}");
+    let get = |v: &str| lookup_case(records, workload, v, 1, metric, case);
+    let limit = match plus {
+        Some(other) => get(other).map(|y| (y + ceiling, format!("{other} {} + {ceiling}", num(y)))),
+        None => Some((ceiling, num(ceiling))),
+    };
+    match (get(variant), limit) {
+        (Some(x), Some((l, shown))) => format!(
+            "{head} = {} (target <= {shown}: {})",
+            num(x),
+            if x <= l { "met" } else { "not met" }
+        ),
+        _ => format!("{head}: not measured"),
+    }
+}
+
+/// The reclaim figures: which pages mmkit's eviction keeps, against the
+/// kernel, exact LRU and the classic policy.
+fn reclaim(records: &[Record], out: &mut Vec<String>) {
+    let w = "reclaim";
+    let (pct, hot, swapins) = ("device_reads_pct", "device_reads_per_hot_page", "swapins");
+    let r = |case: &str, m: &str, b: &str, k: f64| {
+        case_ratio(records, w, case, 1, m, "mmkit", b, Target::AtMost(k))
+    };
+    out.push(case_ceiling(records, w, "zipf", pct, "mmkit", 22.0, None));
+    out.push(r("zipf", pct, "kernel", 0.92));
+    out.push(case_ceiling(records, w, "scan", hot, "mmkit", 0.05, None));
+    out.push(r("shift", swapins, "kernel", 0.8));
+    out.push(r("shift", swapins, "lru-exact", 1.0));
+    out.push(case_ceiling(
+        records,
+        w,
+        "shift",
+        "settle_faults_per_memory",
+        "mmkit",
+        1.0,
+        None,
+    ));
+    out.push(case_ceiling(
+        records,
+        w,
+        "loop",
+        pct,
+        "mmkit",
+        1.0,
+        Some("lru-exact"),
+    ));
+    out.push(r("loop", pct, "kernel", 1.0));
+    for case in ["zipf", "scan"] {
+        out.push(case_ceiling(
+            records,
+            w,
+            case,
+            "pgscan_per_pgsteal",
+            "mmkit",
+            2.0,
+            None,
+        ));
+    }
+    let classic = "mmkit-lru-classic";
+    out.push(r("zipf", "kswapd_cpu_ns_per_page", classic, 1.0));
+}
+
 /// The figures, one line each.
 pub fn figures(records: &[Record]) -> Vec<String> {
     let mut out = vec![
@@ -395,6 +471,7 @@ pub fn figures(records: &[Record]) -> Vec<String> {
     }
     autonuma(records, &mut out);
     pmbench(records, &mut out);
+    reclaim(records, &mut out);
     out
 }
 
@@ -479,7 +556,7 @@ mod tests {
             "alloc_free_batch @ 8 threads: zone_lock_contended_pct mmkit 1.50%"
         );
         assert!(f[3].ends_with("not measured"));
-        assert_eq!(f.len(), 28);
+        assert_eq!(f.len(), 39);
         assert!(f[4..].iter().all(|l| l.ends_with("not measured")));
     }
 
@@ -562,6 +639,38 @@ mod tests {
         assert!(f[12].contains("thp_score = 1.00x") && f[12].ends_with("met)"));
     }
 
+    fn rc(variant: &str, case: &str, metric: &str, value: f64) -> Record {
+        let mut r = rec("reclaim", variant, 1, metric, value);
+        r.case = Some(case.into());
+        r
+    }
+
+    #[test]
+    fn reclaim_figures_come_from_case_records() {
+        let recs = vec![
+            rc("mmkit", "zipf", "device_reads_pct", 21.5),
+            rc("kernel", "zipf", "device_reads_pct", 23.9),
+            rc("mmkit", "loop", "device_reads_pct", 100.5),
+            rc("lru-exact", "loop", "device_reads_pct", 99.0),
+            rc("mmkit", "scan", "device_reads_per_hot_page", 0.5),
+        ];
+        let f = figures(&recs);
+        let find = |head: &str| f.iter().find(|l| l.starts_with(head)).unwrap().clone();
+        assert_eq!(
+            find("reclaim (zipf): mmkit device_reads_pct"),
+            "reclaim (zipf): mmkit device_reads_pct = 21.50 (target <= 22.00: met)"
+        );
+        assert!(find("reclaim (zipf) @ 1 thread: mmkit / kernel").contains("0.90x"));
+        assert!(find("reclaim (zipf) @ 1 thread: mmkit / kernel").ends_with(": met)"));
+        assert_eq!(
+            find("reclaim (loop): mmkit device_reads_pct"),
+            "reclaim (loop): mmkit device_reads_pct = 100.50 \
+             (target <= lru-exact 99.00 + 1: not met)"
+        );
+        assert!(find("reclaim (scan): mmkit device_reads_per_hot_page").ends_with("not met)"));
+        assert!(find("reclaim (shift)").ends_with("not measured"));
+    }
+
     fn an(variant: &str, case: &str, metric: &str, value: f64) -> Record {
         let mut r = rec("autonuma", variant, 4, metric, value);
         r.case = Some(case.into());
@@ -586,7 +695,7 @@ mod tests {
             an("mmkit-numab-linux", "numa02", "system_ms", 10.0),
         ];
         let f = figures(&recs);
-        assert_eq!(f.len(), 28);
+        assert_eq!(f.len(), 39);
         assert_eq!(
             f[13],
             "autonuma (numa01-full) @ 4 threads: mmkit-numab-linux / mmkit-numab-4.0 \

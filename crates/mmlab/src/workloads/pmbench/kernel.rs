@@ -7,7 +7,8 @@
 //!   `measure`, `stop`; end of input counts as `stop`;
 //! - child -> parent (stdout): `ready` (threads running, in warmup), then
 //!   `result <accesses> <reads> <writes> <failures> <elapsed_ns>` and
-//!   `samples <ns> <ns> ...` (the timed accesses), then `done`.
+//!   `samples <ns> <ns> ...` (the timed accesses), `threads <accesses> ...`
+//!   (each thread's accesses while measuring), then `done`.
 //!
 //! Everything is bounded (`host::child`): the parent waits for each line with a
 //! timeout and kills the child on any failure; the child dies with the parent
@@ -118,6 +119,8 @@ pub fn child_main(threads: usize, wss: usize, deadline_ms: u64) -> anyhow::Resul
         s.push_str(&x.to_string());
     }
     send_line(&mut out, &s)?;
+    let per: Vec<String> = o.per_thread.iter().map(u64::to_string).collect();
+    send_line(&mut out, &format!("threads {}", per.join(" ")))?;
     send_line(&mut out, "done")?;
     Ok(())
 }
@@ -139,7 +142,14 @@ pub fn parse_result(line: &str) -> Option<Outcome> {
         failures,
         elapsed: Duration::from_nanos(ns),
         samples: Vec::new(),
+        per_thread: Vec::new(),
     })
+}
+
+/// Parses `threads <accesses> ...` (each thread's accesses while measuring).
+pub fn parse_threads(line: &str) -> Option<Vec<u64>> {
+    let rest = line.strip_prefix("threads")?;
+    rest.split_whitespace().map(|x| x.parse().ok()).collect()
 }
 
 /// Parses `samples <ns> ...`.
@@ -210,6 +220,8 @@ fn measure(
     let mut o = parse_result(&res).ok_or_else(|| format!("bad result line {res:?}"))?;
     let s = c.expect("samples", LINE_TIMEOUT)?;
     o.samples = parse_samples(&s).ok_or("bad samples line")?;
+    let t = c.expect("threads", LINE_TIMEOUT)?;
+    o.per_thread = parse_threads(&t).ok_or("bad threads line")?;
     c.expect("done", LINE_TIMEOUT)?;
     c.close_stdin();
     c.finish(LINE_TIMEOUT);
@@ -233,6 +245,8 @@ mod tests {
         assert_eq!(parse_samples("samples 5 6 7"), Some(vec![5, 6, 7]));
         assert_eq!(parse_samples("samples"), Some(vec![]));
         assert!(parse_samples("samples x").is_none());
+        assert_eq!(parse_threads("threads 3 9"), Some(vec![3, 9]));
+        assert!(parse_threads("threads 3 x").is_none());
     }
 
     /// Nothing named after this process is on the host.

@@ -112,8 +112,36 @@ pub const LRU_LOCK_PCT: Metric = Metric {
     hide_if_zero: false,
 };
 
+pub const THREAD_MIN: Metric = Metric {
+    name: "thread_accesses_per_sec_min",
+    unit: "1/s",
+    description: "the slowest thread's accesses per second over the measured interval",
+    higher_is_better: true,
+    mmkit_only: false,
+    hide_if_zero: false,
+};
+pub const THREAD_MEDIAN: Metric = Metric {
+    name: "thread_accesses_per_sec_median",
+    unit: "1/s",
+    description: "the median thread's accesses per second over the measured interval",
+    higher_is_better: true,
+    mmkit_only: false,
+    hide_if_zero: false,
+};
+pub const THREAD_MAX: Metric = Metric {
+    name: "thread_accesses_per_sec_max",
+    unit: "1/s",
+    description: "the fastest thread's accesses per second over the measured interval",
+    higher_is_better: true,
+    mmkit_only: false,
+    hide_if_zero: false,
+};
+
 const METRICS: &[Metric] = &[
     ACCESSES_PER_SEC,
+    THREAD_MIN,
+    THREAD_MEDIAN,
+    THREAD_MAX,
     SWAPIN_GB_PER_SEC,
     SWAPOUT_GB_PER_SEC,
     LATENCY_P50,
@@ -294,6 +322,8 @@ pub struct Outcome {
     pub failures: u64,
     pub elapsed: Duration,
     pub samples: Vec<u32>,
+    /// Each thread's accesses while measuring, in thread order.
+    pub per_thread: Vec<u64>,
 }
 
 /// Runs an `AccessLoop` per memory on its own thread (thread i on the i-th
@@ -337,6 +367,7 @@ pub fn run_loops<M: Memory + Send>(
                 failures: lp.failures - f0,
                 elapsed: Duration::ZERO,
                 samples: lp.samples,
+                per_thread: Vec::new(),
             }
         },
         control,
@@ -351,6 +382,7 @@ pub fn run_loops<M: Memory + Send>(
         out.writes += o.writes;
         out.failures += o.failures;
         out.samples.extend(o.samples);
+        out.per_thread.push(o.accesses);
     }
     out
 }
@@ -444,6 +476,8 @@ pub fn figures(
     locks: Option<LockPcts>,
 ) -> Vec<Figure> {
     let secs = o.elapsed.as_secs_f64().max(1e-9);
+    let mut rates: Vec<f64> = o.per_thread.iter().map(|&a| a as f64 / secs).collect();
+    rates.sort_by(f64::total_cmp);
     let mut out = vec![
         Figure::new(ACCESSES_PER_SEC.name, o.accesses as f64 / secs),
         Figure::new(
@@ -457,6 +491,14 @@ pub fn figures(
         Figure::new(LATENCY_P50.name, quantile(&o.samples, 0.5)),
         Figure::new(LATENCY_P99.name, quantile(&o.samples, 0.99)),
     ];
+    if let (Some(min), Some(max)) = (rates.first(), rates.last()) {
+        out.push(Figure::new(THREAD_MIN.name, *min));
+        out.push(Figure::new(
+            THREAD_MEDIAN.name,
+            super::median(&rates).unwrap_or(*min),
+        ));
+        out.push(Figure::new(THREAD_MAX.name, *max));
+    }
     if let Some(l) = locks {
         out.push(Figure::new(SWAP_CACHE_LOCK_PCT.name, l.swap_cache));
         out.push(Figure::new(SWAP_LOCK_PCT.name, l.swap));

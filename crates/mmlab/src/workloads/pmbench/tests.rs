@@ -48,6 +48,7 @@ fn figures_of_a_small_case() {
         failures: 0,
         elapsed: Duration::from_secs(2),
         samples: (1..=100).map(|x| x * 10).collect(),
+        per_thread: vec![1_200_000, 200_000, 600_000],
     };
     let f = figures(&o, 2.0, 500_000, 250_000, None);
     let get = |n: &str| f.iter().find(|x| x.metric == n).unwrap().value;
@@ -57,6 +58,10 @@ fn figures_of_a_small_case() {
     assert!((get("access_latency_p50_ns") - 500.0).abs() <= 1.0);
     assert!((get("access_latency_p99_ns") - 990.0).abs() <= 1.0);
     assert!(f.iter().all(|x| !x.metric.ends_with("contended_pct")));
+    // Per-thread rates over the same 2 s: 100k, 300k, 600k per second.
+    assert_eq!(get("thread_accesses_per_sec_min"), 100_000.0);
+    assert_eq!(get("thread_accesses_per_sec_median"), 300_000.0);
+    assert_eq!(get("thread_accesses_per_sec_max"), 600_000.0);
     let l = LockPcts {
         swap_cache: 1.0,
         swap: 2.0,
