@@ -307,10 +307,8 @@ pub fn clean_leftovers() -> Vec<String> {
         }
         let d = e.path();
         let mnt = d.join("fuse");
-        if mnt.is_dir() || is_mounted(&mnt) {
-            if swap::unmount_dir(&mnt).is_ok() {
-                done.push(format!("FUSE mount {}", mnt.display()));
-            }
+        if (mnt.is_dir() || is_mounted(&mnt)) && swap::unmount_dir(&mnt).is_ok() {
+            done.push(format!("FUSE mount {}", mnt.display()));
         }
         for (pidfile, comm) in [("nbdfuse.pid", "nbdfuse"), ("nbdkit.pid", "nbdkit")] {
             if kill_by_pidfile(&d.join(pidfile), comm) {
