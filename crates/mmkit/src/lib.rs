@@ -57,6 +57,7 @@ mod swap_cluster;
 mod swap_device;
 mod swap_state;
 mod swapfile;
+mod swapon;
 mod sync;
 mod topology;
 mod views;
@@ -96,7 +97,8 @@ pub use space::{
 };
 pub use swap_cluster::SwapAllocPolicy;
 pub use swap_state::{SwapCacheIndex, SwapReadahead};
-pub use swapfile::{SwapDevice, SwapFreePolicy, SwapId, SwapInfo, SwapKind};
+pub use swapfile::{SwapFreePolicy, SwapId, SwapInfo, SwapKind};
+pub use swapon::SwapDevice;
 pub use topology::{NodeInfo, Topology, TopologyError};
 
 use compaction::CompactConfig;

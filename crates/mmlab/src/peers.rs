@@ -96,6 +96,8 @@ pub struct MmPeer {
     free_errors: AtomicU64,
     /// A swap file of this mm's (`--swap file:PATH`), removed on drop.
     swap_file: Option<std::path::PathBuf>,
+    /// A host object the mm uses (its NBD server), dropped after the mm.
+    keep: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Drop for MmPeer {
@@ -268,6 +270,7 @@ impl Peer {
             initial_free,
             free_errors: AtomicU64::new(0),
             swap_file: None,
+            keep: None,
         })
     }
 
@@ -288,6 +291,14 @@ impl Peer {
     pub fn remove_on_drop(&mut self, file: std::path::PathBuf) {
         if let Peer::Mmkit(p) = self {
             p.swap_file = Some(file);
+        }
+    }
+
+    /// Keeps `obj` (a server the mm's swap device talks to) until this mmkit
+    /// peer is dropped, after its `Mm`.
+    pub fn keep_alive(&mut self, obj: Box<dyn std::any::Any + Send + Sync>) {
+        if let Peer::Mmkit(p) = self {
+            p.keep = Some(obj);
         }
     }
 

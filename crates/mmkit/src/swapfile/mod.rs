@@ -1,9 +1,10 @@
-//! Swap devices (Linux's `mm/swapfile.c`, the `swap_info` half): what a user asks
-//! for ([`SwapDevice`]), what `/proc/swaps` shows ([`SwapInfo`]), and the set of
-//! devices that are on ([`SwapDevices`]): `swapon` with its validation, `swapoff`,
-//! slot allocation across devices by priority, and the device an entry names
-//! ([`SwapDevices::get`], Linux's `get_swap_device`): a [`DeviceRef`] that pins
-//! it, on which the per-slot operations run (`swap_device.rs`). Nothing here
+//! Swap devices (Linux's `mm/swapfile.c`, the `swap_info` half): what `/proc/swaps`
+//! shows ([`SwapInfo`]) of a device a user asked for ([`SwapDevice`], built in
+//! `swapon.rs`), and the set of devices that are on ([`SwapDevices`]): `swapon`
+//! with its validation, `swapoff`, slot allocation across devices by priority,
+//! and the device an entry names ([`SwapDevices::get`], Linux's
+//! `get_swap_device`): a [`DeviceRef`] that pins it, on which the per-slot
+//! operations run (`swap_device.rs`). Nothing here
 //! routes an entry: a path looks its device up once per operation, or once per
 //! device for a batch ([`SwapPins`]).
 //!
@@ -33,10 +34,8 @@
 //! are described in `swap_cluster/` (map, clusters), `swap_state.rs` (cache),
 //! `page_io/` (I/O).
 
-use std::fmt;
 use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -45,14 +44,13 @@ use mmkit_core::{LockStats, PAGE_SIZE};
 
 use crate::error::setup_err;
 pub(crate) use crate::error::SwapError;
-use crate::nbd::{NbdBackend, NbdOptions};
-use crate::page_io::{
-    Backend, DirectIo, FileDevice, IoEngine, RamDevice, SwapBackend, SwapIo, SwapIoStats,
-};
+use crate::nbd::NbdBackend;
+use crate::page_io::{Backend, FileDevice, RamDevice, SwapIo, SwapIoStats};
 use crate::pgtable::SwapEntry;
 use crate::swap_cluster::{SwapAllocPolicy, SwapMap, SWAPFILE_CLUSTER};
 pub(crate) use crate::swap_device::{DeviceRef, SwapPins, SwapTotals};
 use crate::swap_state::{SwapCache, SwapCacheIndex, SwapRa, SwapReadahead};
+use crate::swapon::{Source, SwapDevice};
 use crate::{Error, Mm};
 
 /// Highest priority a user may give (Linux's `SWAP_FLAG_PRIO_MASK`).
@@ -61,103 +59,6 @@ pub const SWAP_PRIO_MAX: i32 = 32767;
 pub const MAX_SWAPFILES: usize = SwapEntry::MAX_TYPE as usize + 1;
 /// Smallest device: one cluster (2 MiB).
 pub const SWAP_MIN_BYTES: u64 = SWAPFILE_CLUSTER as u64 * PAGE_SIZE as u64;
-
-enum Source {
-    Ram,
-    File(PathBuf),
-    Backend(Arc<dyn SwapBackend>),
-    Nbd(String, NbdOptions),
-}
-
-/// A swap device to turn on: `SwapDevice::ram(bytes)`, `SwapDevice::file(path,
-/// bytes)` or `SwapDevice::backend(Arc<dyn SwapBackend>, bytes)`, with an
-/// optional `.priority(p)`.
-pub struct SwapDevice {
-    source: Source,
-    bytes: u64,
-    priority: Option<i32>,
-    direct: DirectIo,
-    engine: IoEngine,
-    populate: bool,
-}
-
-impl SwapDevice {
-    /// `bytes` of anonymous memory (a multiple of 4096, at least 2 MiB).
-    pub fn ram(bytes: u64) -> SwapDevice {
-        Self::with(Source::Ram, bytes)
-    }
-    /// The file at `path`, created if missing (an existing file must be a regular
-    /// file of length 0 or `bytes`), sized to `bytes`.
-    pub fn file(path: impl AsRef<Path>, bytes: u64) -> SwapDevice {
-        Self::with(Source::File(path.as_ref().to_path_buf()), bytes)
-    }
-    /// A user backend holding `bytes`.
-    pub fn backend(backend: Arc<dyn SwapBackend>, bytes: u64) -> SwapDevice {
-        Self::with(Source::Backend(backend), bytes)
-    }
-    /// An NBD export (`nbd://host[:port]/export` or
-    /// `nbd+unix:///export?socket=PATH`) of at least `bytes` plus a 4 KiB
-    /// header page.
-    pub fn nbd(uri: impl Into<String>, bytes: u64) -> SwapDevice {
-        Self::with(Source::Nbd(uri.into(), NbdOptions::default()), bytes)
-    }
-    /// The options of an NBD device (`None` for another kind).
-    pub(crate) fn nbd_options(&mut self) -> Option<&mut NbdOptions> {
-        match &mut self.source {
-            Source::Nbd(_, o) => Some(o),
-            _ => None,
-        }
-    }
-    fn with(source: Source, bytes: u64) -> SwapDevice {
-        SwapDevice {
-            source,
-            bytes,
-            priority: None,
-            direct: DirectIo::Auto,
-            engine: IoEngine::Auto,
-            populate: false,
-        }
-    }
-    /// The priority (`0..=32767`; higher is used first).
-    pub fn priority(mut self, priority: i32) -> SwapDevice {
-        self.priority = Some(priority);
-        self
-    }
-    /// A file device: buffered I/O, never `O_DIRECT`.
-    pub fn buffered_io(mut self) -> SwapDevice {
-        self.direct = DirectIo::Never;
-        self
-    }
-    /// A file device: `pread`/`pwrite`, never `io_uring`.
-    pub fn sync_io(mut self) -> SwapDevice {
-        self.engine = IoEngine::Sync;
-        self
-    }
-    /// A RAM device: its memory is backed now (`MAP_POPULATE`, best effort),
-    /// as a pmem disk's or a preallocated tmpfs file's is, instead of on the
-    /// first write to each page: no host page fault on the swap-out path.
-    pub fn populated(mut self) -> SwapDevice {
-        self.populate = true;
-        self
-    }
-}
-
-impl fmt::Debug for SwapDevice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let src = match &self.source {
-            Source::Ram => "ram".to_string(),
-            Source::File(p) => format!("file {}", p.display()),
-            Source::Backend(_) => "backend".to_string(),
-            Source::Nbd(uri, _) => format!("nbd {uri}"),
-        };
-        f.debug_struct("SwapDevice")
-            .field("source", &src)
-            .field("bytes", &self.bytes)
-            .field("priority", &self.priority)
-            .field("populate", &self.populate)
-            .finish()
-    }
-}
 
 /// A device that is on: its type (the `ty` of its swap entries) and a generation.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]

@@ -1,9 +1,11 @@
 //! Tests of the device set: swapon validation, priorities, entries end to end
 //! (map, cache, I/O), fault injection, real swap files, swapoff.
 
+use std::path::{Path, PathBuf};
+
 use super::*;
 use crate::page_io::tests::Flaky;
-use crate::page_io::SwapIoError;
+use crate::page_io::{SwapBackend, SwapIoError};
 use crate::swap_cluster::MapError;
 use std::sync::atomic::Ordering;
 

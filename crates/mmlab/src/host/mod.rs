@@ -9,6 +9,9 @@
 //! - `cgroup`: memory cgroups (v1 and v2) of ours, limited, removed on drop;
 //! - `swap`: a RAM-backed swap device (tmpfs file, loop device, swapon) with its
 //!   cgroup, torn down after use, and the cleanup of a crashed run's leftovers;
+//! - `nbd`: an nbdkit server (memory plugin) on a Unix socket, and the kernel's
+//!   swap to one through a loop device over an nbdfuse file, torn down after
+//!   use, and the cleanup of a crashed run's servers, mounts and directories;
 //! - `child`: running a child process (this binary again) under a line
 //!   protocol, with every wait bounded.
 //!
@@ -26,6 +29,7 @@ pub mod child;
 pub mod cpu;
 pub mod facts;
 pub mod mem;
+pub mod nbd;
 pub mod swap;
 
 use std::path::Path;

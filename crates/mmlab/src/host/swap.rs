@@ -129,7 +129,7 @@ fn detach_loop(n: u32) -> Result<(), String> {
 
 /// Attaches `file` to a free loop device with autoclear; returns its number and
 /// the open device (autoclear detaches it once every opener has closed it).
-fn attach_loop(file: &fs::File, name: &str) -> Result<(u32, fs::File), String> {
+pub(super) fn attach_loop(file: &fs::File, name: &str) -> Result<(u32, fs::File), String> {
     let ctl = fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -185,6 +185,22 @@ fn swapoff(path: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `swapon(2)` on loop device `n` at the highest priority.
+pub(super) fn swapon_top(n: u32) -> Result<(), String> {
+    let path = loop_path(n);
+    let flags = SWAP_FLAG_PREFER | SWAP_PRIO;
+    // SAFETY: NUL-terminated device path; swapon only reads it.
+    if unsafe { libc::swapon(c_path(&path).as_ptr(), flags) } != 0 {
+        return Err(os_err(&format!("swapon {path}")));
+    }
+    Ok(())
+}
+
+/// `swapoff` of loop device `n`.
+pub(super) fn swapoff_loop(n: u32) -> Result<(), String> {
+    swapoff(&loop_path(n))
+}
+
 /// Whether `/proc/swaps` lists `path`.
 fn swap_active(path: &str) -> bool {
     fs::read_to_string("/proc/swaps")
@@ -236,7 +252,7 @@ fn mount_tmpfs(name: &str, bytes: u64) -> Result<PathBuf, String> {
 }
 
 /// Unmounts (lazily) and removes a mount point of ours.
-fn unmount_dir(dir: &Path) -> Result<(), String> {
+pub(super) fn unmount_dir(dir: &Path) -> Result<(), String> {
     let target = c_path(&dir.to_string_lossy());
     // SAFETY: a NUL-terminated path the kernel only reads.
     if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
@@ -392,12 +408,7 @@ impl HostSwap {
         let (n, dev) = attach_loop(&f, &hs.file.to_string_lossy())?;
         hs.loop_nr = Some(n);
         drop(f);
-        let path = loop_path(n);
-        let flags = SWAP_FLAG_PREFER | SWAP_PRIO;
-        // SAFETY: NUL-terminated device path; swapon only reads it.
-        if unsafe { libc::swapon(c_path(&path).as_ptr(), flags) } != 0 {
-            return Err(os_err(&format!("swapon {path}")));
-        }
+        swapon_top(n)?;
         hs.swap_on = true;
         drop(dev); // swap holds the device now; autoclear after swapoff
         hs.cgroup = Some(Cgroup::create(&root, name, limit)?);
@@ -462,7 +473,7 @@ impl HostSwap {
 }
 
 /// Waits (up to a second) for autoclear to detach loop `n`, then detaches it.
-fn wait_detached(n: u32) -> Result<(), String> {
+pub(super) fn wait_detached(n: u32) -> Result<(), String> {
     let t0 = Instant::now();
     let backing = format!("/sys/block/loop{n}/loop/backing_file");
     while Path::new(&backing).exists() && t0.elapsed() < Duration::from_secs(1) {

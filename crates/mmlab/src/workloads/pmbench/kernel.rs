@@ -17,9 +17,11 @@
 //! cgroup down after the child is gone (`HostSwap`'s drop, also on error).
 
 use super::{figures, run_loops, swap_bytes, warm_up, wss_per_thread, Memory, Outcome, Plan};
+use crate::host::cgroup::Cgroup;
 use crate::host::child::{child_exe, child_setup, send_line, ChildProc};
 use crate::host::facts::vmstat_swap;
 use crate::host::mem::{mmap_anon, PAGE};
+use crate::host::nbd::{host_nbd_swap_unavailable, NbdHostSwap};
 use crate::host::swap::HostSwap;
 use crate::workloads::Figure;
 use std::io::BufRead;
@@ -168,7 +170,8 @@ pub fn run_point(threads: usize, arena: usize, plan: &Plan) -> Result<Vec<Figure
     let exe = child_exe()?;
     let wss = wss_per_thread(arena, threads);
     let mut hs = HostSwap::create(swap_bytes(arena) as u64, arena as u64)?;
-    let r = measure(&exe, &hs, threads, wss, plan);
+    let cg = hs.cgroup.as_ref().ok_or("no cgroup")?;
+    let r = measure(&exe, cg, threads, wss, plan);
     // The child is gone (measure's guard reaped it): tear down now, so that an
     // error here is reported with the point.
     let t = hs.teardown();
@@ -177,9 +180,26 @@ pub fn run_point(threads: usize, arena: usize, plan: &Plan) -> Result<Vec<Figure
     Ok(f)
 }
 
+/// One point of the `kernel-nbd` variant: as `run_point`, swapping to nbdkit
+/// through a loop device over an nbdfuse file (`NbdHostSwap`).
+pub fn run_point_nbd(threads: usize, arena: usize, plan: &Plan) -> Result<Vec<Figure>, String> {
+    if let Some(why) = host_nbd_swap_unavailable() {
+        return Err(why);
+    }
+    let exe = child_exe()?;
+    let wss = wss_per_thread(arena, threads);
+    let mut hs = NbdHostSwap::create(swap_bytes(arena) as u64, arena as u64)?;
+    let cg = hs.cgroup.as_ref().ok_or("no cgroup")?;
+    let r = measure(&exe, cg, threads, wss, plan);
+    let t = hs.teardown();
+    let f = r?;
+    t.map_err(|e| format!("teardown: {e}"))?;
+    Ok(f)
+}
+
 fn measure(
     exe: &std::path::Path,
-    hs: &HostSwap,
+    cg: &Cgroup,
     threads: usize,
     wss: usize,
     plan: &Plan,
@@ -194,7 +214,6 @@ fn measure(
         deadline.as_millis().to_string(),
     ];
     let mut c = ChildProc::spawn(exe, &args, "pmbench kernel")?;
-    let cg = hs.cgroup.as_ref().ok_or("no cgroup")?;
     cg.add(c.id())?;
     c.tell("start")?;
     c.expect("ready", LINE_TIMEOUT + fill)?;

@@ -8,7 +8,10 @@
 //!
 //! Variants: `mmkit` and its swap presets (`mmkit-swap-2019`, `-2020`, `-6.18`),
 //! and `kernel`, the same loop in a child process in a memory cgroup swapping to
-//! a loop device over tmpfs (`kernel`, on `host::swap` and `host::child`).
+//! a loop device over tmpfs (`kernel`, on `host::swap` and `host::child`). The
+//! NBD pair swaps to nbdkit's memory plugin on a Unix socket (`host::nbd`):
+//! `mmkit-nbd` through `SwapDevice::nbd`, `kernel-nbd` through a loop device
+//! over an nbdfuse file.
 //!
 //! The access loop (`AccessLoop`) and `run_loops` are shared by both sides:
 //! `run_loops` runs a loop per working set through `phase::drive`, whose
@@ -19,7 +22,7 @@
 pub mod kernel;
 
 use super::{Figure, Metric, Workload, XorShift};
-use crate::host::{cpu, now_ns};
+use crate::host::{cpu, nbd, now_ns};
 use crate::peers::{Peer, VariantInfo};
 use crate::phase::{self, Phase, PhaseWord, Placement};
 use crate::runner::{Config, Timing};
@@ -173,6 +176,16 @@ const VARIANTS: &[VariantInfo] = &[
         name: "kernel",
         description: "the host kernel: the same loop in a child process, in a memory cgroup \
                       limited to the arena, swapping to a loop device over tmpfs (needs root)",
+    },
+    VariantInfo {
+        name: "mmkit-nbd",
+        description: "mmkit, default policies, swapping to nbdkit's memory plugin on a Unix \
+                      socket (SwapDevice::nbd; needs nbdkit)",
+    },
+    VariantInfo {
+        name: "kernel-nbd",
+        description: "the host kernel as `kernel`, swapping to the same kind of nbdkit through \
+                      a loop device over an nbdfuse file (needs root, nbdkit, nbdfuse, FUSE)",
     },
 ];
 
@@ -659,6 +672,23 @@ fn build_mmkit(name: &str, v: Variant, config: &Config) -> anyhow::Result<Peer> 
     Ok(peer)
 }
 
+/// `mmkit-nbd`: `Variant::Mmkit` swapping to an nbdkit memory server of its
+/// own (the swap size and the device's 4 KiB header page), kept alive by the
+/// peer and stopped after its `Mm` is gone.
+fn build_mmkit_nbd(name: &str, config: &Config) -> anyhow::Result<Peer> {
+    let a = arena(config.timing.quick);
+    let mut peer = Peer::create_mmkit(name, Variant::Mmkit, a, ClearStrategy::Auto)?;
+    let bytes = swap_bytes(a) as u64;
+    let server = nbd::Nbdkit::start(bytes + 4096)
+        .map_err(|e| anyhow::anyhow!("pmbench {name}: nbdkit: {e}"))?;
+    let uri = server.uri();
+    peer.keep_alive(Box::new(server));
+    let mm = peer.mm().expect("an mmkit peer");
+    mm.swapon(SwapDevice::nbd(uri, bytes))
+        .map_err(|e| anyhow::anyhow!("pmbench {name}: swapon: {e}"))?;
+    Ok(peer)
+}
+
 /// A custom variant (`--set`) is built without a swap device: it gets a RAM
 /// one, sized as the named variants' (once, at its first point).
 fn swap_on_if_none(mm: &Mm, arena: usize) -> Result<(), String> {
@@ -715,6 +745,9 @@ impl Workload for Pmbench {
         };
         match Variant::from_name(variant) {
             Some(v) => build_mmkit(variant, v, config),
+            None if variant == "mmkit-nbd" && nbd::nbdkit_unavailable().is_none() => {
+                build_mmkit_nbd(variant, config)
+            }
             None => Ok(Peer::Native(info.name)),
         }
     }
@@ -754,6 +787,12 @@ impl Workload for Pmbench {
                     .to_string(),
             ),
             (None, "kernel") => kernel::run_point(threads, a, &plan),
+            (None, "mmkit-nbd") => Err(nbd::nbdkit_unavailable().unwrap_or_default()),
+            (None, "kernel-nbd") if timing.quick && !crate::host::swap::opted_in() => Err(
+                "not under --quick: it turns swap on for the whole host (set MMLAB_HOST_SWAP=1 to run it)"
+                    .to_string(),
+            ),
+            (None, "kernel-nbd") => kernel::run_point_nbd(threads, a, &plan),
             (None, _) => Err(format!("unknown variant {name}")),
         };
         r.unwrap_or_else(|why| {
