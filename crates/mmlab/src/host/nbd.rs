@@ -3,12 +3,12 @@
 //! it through a loop device over a file that nbdfuse (libnbd) exposes in a FUSE
 //! mount (the host kernel has no nbd driver).
 //!
-//! - `Nbdkit`: `nbdkit -f --exit-with-parent -P <dir>/nbdkit.pid -U
-//!   <dir>/nbdkit.sock memory size=<bytes>` in a directory of its own,
-//!   `<tmp>/mmlab-pmbench-<pid>-<n>`; stopped by its pid, socket and directory
+//! - `Nbdkit`: `nbdkit -f --exit-with-parent -P DIR/nbdkit.pid` with
+//!   `-U DIR/nbdkit.sock memory size=BYTES`, in a directory of its own
+//!   (`TMP/mmlab-pmbench-PID-N`); stopped by its pid, socket and directory
 //!   removed on drop;
-//! - `NbdHostSwap`: such a server, `nbdfuse -P <dir>/nbdfuse.pid
-//!   <dir>/fuse/<name>.swap --unix <dir>/nbdkit.sock`, a swap header written
+//! - `NbdHostSwap`: such a server, `nbdfuse -P DIR/nbdfuse.pid` with
+//!   `DIR/fuse/NAME.swap --unix DIR/nbdkit.sock`, a swap header written
 //!   through the FUSE file, a loop device over it (`super::swap`'s, autoclear),
 //!   `swapon(2)` at the highest priority, and a memory cgroup. `teardown` (or
 //!   drop) goes in reverse: cgroup, swapoff, loop detach, FUSE unmount, nbdfuse,
