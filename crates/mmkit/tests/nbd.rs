@@ -6,6 +6,9 @@
 
 mod nbd_servers;
 
+mod common;
+use common::{used_swap, Rng};
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -14,23 +17,6 @@ use nbd_servers::{have, skip, Server};
 
 const MIB: usize = 1 << 20;
 const PAGE: u64 = PAGE_SIZE as u64;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn used_swap(mm: &Mm) -> u64 {
-    mm.swap_info().iter().map(|i| i.used_pages).sum()
-}
 
 /// Reads the word of page `i`, retrying an access that failed with a swap I/O
 /// error (injected): the slot stays, so a later try reads the data.

@@ -3,6 +3,9 @@
 //! reclaim; nothing leaks; pinned pages stay; failed I/O loses nothing; bad
 //! swapon/swapoff input changes nothing.
 
+mod common;
+use common::{used_swap, Rng};
+
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,24 +17,6 @@ const PAGE: u64 = PAGE_SIZE as u64;
 
 fn mm(mem: usize, kswapd: bool) -> Mm {
     Mm::builder().memory(mem).kswapd(kswapd).build().unwrap()
-}
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn used_swap(mm: &Mm) -> u64 {
-    mm.swap_info().iter().map(|i| i.used_pages).sum()
 }
 
 fn ev(mm: &Mm, e: VmEvent) -> u64 {

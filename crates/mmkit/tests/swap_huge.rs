@@ -5,15 +5,14 @@
 //! see their own data, a pinned huge page stays whole, and freeing everything
 //! gives back every page and every slot.
 
+mod common;
+use common::used_swap;
+
 use mmkit::{Error, MapFlags, Mm, Space, SwapDevice, VmEvent, PAGE_SIZE};
 
 const MIB: usize = 1 << 20;
 const PAGE: u64 = PAGE_SIZE as u64;
 const HPAGE: u64 = 2 << 20;
-
-fn used_swap(mm: &Mm) -> u64 {
-    mm.swap_info().iter().map(|i| i.used_pages).sum()
-}
 
 fn ev(mm: &Mm, e: VmEvent) -> u64 {
     mm.vm_events().get(e)

@@ -162,3 +162,22 @@ pub fn space_on_node0(mm: &Mm, pages: u64) -> (Space, u64) {
     s.set_numa_balancing(true);
     (s, a)
 }
+
+/// A small deterministic generator (xorshift64*).
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Swap slots in use over every device.
+pub fn used_swap(mm: &Mm) -> u64 {
+    mm.swap_info().iter().map(|i| i.used_pages).sum()
+}
