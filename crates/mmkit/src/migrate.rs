@@ -23,13 +23,15 @@
 //!    this point.
 //! 4. A full fence, then the reference count again: a pin taken meanwhile
 //!    (`get_page`) puts the old entry back and fails the migration (pinned).
-//! 5. Copy the 4 KiB, check the count once more, give `dst` the reverse map and
-//!    `src`'s place on the LRU (`Lru::replace`), then store the present PTE to
+//! 5. Copy the 4 KiB, check the count once more, clear `src`'s reverse map (so
+//!    that no putback or `lru_add` drain links it again), give `dst` the
+//!    reverse map and `src`'s place on the LRU (`Lru::replace`), then store the
+//!    present PTE to
 //!    `dst` (Release: the copy is visible before it) (Linux's
 //!    `remove_migration_ptes`). From that store on `dst` is an ordinary mapped
 //!    page that anyone, another migrator included, may take: nothing after it
 //!    touches `dst`.
-//! 6. Clear `src`'s reverse map and unlock it. The caller drops the mapping's
+//! 6. Unlock `src`. The caller drops the mapping's
 //!    reference of `src` (`PageAlloc::put_sources`), which frees it into the buddy
 //!    lists.
 //!
@@ -155,11 +157,19 @@ fn migrate_one(
     // whose entry counts whatever order the buddy gives it next (the list's
     // page count drifts once the frame comes back as an order-0 page and is
     // taken off). Linked before, that migrator's `replace` takes it off.
+    //
+    // 6. `src` has no user left: its reverse map goes before it leaves the
+    // LRU, so that nothing links it again. A reclaimer that isolated it after
+    // the last reference check puts it back, and an `lru_add` entry still
+    // queued for it drains, both under the lock `replace` takes, and both
+    // link only a page that is still mapped (`linkable`): with the reverse
+    // map still set, `src` went back on a list after `replace` and was freed
+    // there. Page-side walkers take the page lock we hold, so none sees the
+    // gap.
+    rmap::clear(mm, src);
     mm.lru().replace(mm, src, dst);
     slot.store(mig.migration_done(dst).raw(), Ordering::Release);
     published(dst);
-    // 6. `src` has no user left.
-    rmap::clear(mm, src);
     Ok(())
 }
 

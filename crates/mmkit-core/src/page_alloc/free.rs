@@ -72,6 +72,10 @@ impl<P: Platform> PageAlloc<P> {
             if fl_state(f) != PageState::Alloc as u32 {
                 return Err(FreeError::NotAllocated);
             }
+            debug_assert!(
+                f & crate::page::PG_LRU == 0,
+                "freeing pfn {idx}, still on an LRU list"
+            );
             if who == Claim::User && f & PG_OWNED != 0 {
                 return Err(FreeError::Owned);
             }
