@@ -72,10 +72,6 @@ impl<P: Platform> PageAlloc<P> {
             if fl_state(f) != PageState::Alloc as u32 {
                 return Err(FreeError::NotAllocated);
             }
-            debug_assert!(
-                f & crate::page::PG_LRU == 0,
-                "freeing pfn {idx}, still on an LRU list"
-            );
             if who == Claim::User && f & PG_OWNED != 0 {
                 return Err(FreeError::Owned);
             }
@@ -84,6 +80,11 @@ impl<P: Platform> PageAlloc<P> {
                     allocated: fl_order(f),
                 });
             }
+            // Whoever unmaps a page for good takes it off the LRU first.
+            debug_assert!(
+                f & crate::page::PG_LRU == 0,
+                "freeing pfn {idx}, still on an LRU list"
+            );
             match page
                 .flags
                 .compare_exchange_weak(f, 0, Ordering::AcqRel, Ordering::Relaxed)
