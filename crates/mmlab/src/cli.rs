@@ -398,7 +398,7 @@ fn run(args: RunArgs) -> Result<()> {
     };
     let (budget, source) = plan::budget(args.memory, || {
         let text = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
-        plan::mem_available(&text)
+        plan::available(&text, plan::cgroup_headroom())
     })?;
     // Each workload runs alone, after the one before it freed its memory: each
     // gets the largest sizes that fit the budget.

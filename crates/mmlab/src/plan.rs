@@ -1,8 +1,16 @@
 //! The run's memory plan: how much memory `mmlab run` may hold at once, and the
 //! sizes that fit in it.
 //!
-//! The budget is half of the host's MemAvailable (/proc/meminfo) when the run
-//! starts, or `--memory`. A workload's peak is estimated by its `peak_bytes`
+//! The budget is `--memory`, or else half of the host's MemAvailable
+//! (/proc/meminfo) when the run starts: the other half stays for the rest of
+//! the host. Inside a memory cgroup with a limit whose headroom (limit minus
+//! usage; the least of the run's own cgroup and its ancestors: v1
+//! `memory.limit_in_bytes` and `memory.usage_in_bytes`, v2 `memory.max` and
+//! `memory.current`) is below MemAvailable, the budget is three quarters of
+//! that headroom instead: the limit is the run's own, and the last quarter is
+//! for what the estimate does not count (page cache and kernel memory charged
+//! to the cgroup). So a run started under `systemd-run -p MemoryMax=4G` plans
+//! for 3 GiB, not for the host. A workload's peak is estimated by its `peak_bytes`
 //! (every variant of a workload is built, its arena prefaulted, before its
 //! first point; the workloads run one after another, so the run's peak is the
 //! largest of them)
@@ -33,6 +41,9 @@ const FULL_STEPS: &[(bool, usize)] = &[
 pub enum Source {
     /// Half of this MemAvailable, in bytes.
     MemAvailable(u64),
+    /// Three quarters of this headroom of the run's memory cgroup (below
+    /// MemAvailable), in bytes.
+    Cgroup(u64),
     /// `--memory`.
     Flag,
 }
@@ -70,21 +81,100 @@ pub fn mem_available(meminfo: &str) -> Result<u64> {
     kb.checked_mul(1024).context("MemAvailable too large")
 }
 
-/// The budget: `flag` if given, else half of `available` bytes.
-pub fn budget(flag: Option<u64>, available: impl FnOnce() -> Result<u64>) -> Result<(u64, Source)> {
+/// The budget: `flag` if given, else half of the `available` bytes, or three
+/// quarters where a cgroup's headroom set them (what `available` returns: the
+/// bytes and whether a cgroup's headroom they are).
+pub fn budget(
+    flag: Option<u64>,
+    available: impl FnOnce() -> Result<(u64, bool)>,
+) -> Result<(u64, Source)> {
     match flag {
         Some(0) => bail!("--memory must be more than 0 bytes"),
         Some(b) => Ok((b, Source::Flag)),
         None => {
-            let a = available()?;
+            let (a, cgroup) = available()?;
             if a == 0 {
                 bail!(
-                    "MemAvailable is 0: no memory to plan a run in (use --memory to set a budget)"
+                    "{} is 0: no memory to plan a run in (use --memory to set a budget)",
+                    if cgroup {
+                        "the memory cgroup's headroom"
+                    } else {
+                        "MemAvailable"
+                    }
                 );
             }
-            Ok((a / 2, Source::MemAvailable(a)))
+            Ok(if cgroup {
+                (a / 4 * 3, Source::Cgroup(a))
+            } else {
+                (a / 2, Source::MemAvailable(a))
+            })
         }
     }
+}
+
+/// The memory controller's path of this process from the text of
+/// /proc/self/cgroup: the v1 line naming `memory`, else the v2 line (`0::`).
+pub fn own_cgroup(proc_self_cgroup: &str) -> Option<String> {
+    let mut v2 = None;
+    for line in proc_self_cgroup.lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, ctl, path) = (f.next()?, f.next()?, f.next()?);
+        if ctl.split(',').any(|c| c == "memory") {
+            return Some(path.to_string());
+        }
+        if ctl.is_empty() {
+            v2 = Some(path.to_string());
+        }
+    }
+    v2
+}
+
+/// A cgroup's headroom from its limit and usage files' text: `None` when
+/// unlimited (`max`, or v1's huge "no limit" value) or unreadable.
+pub fn headroom(limit: &str, usage: &str) -> Option<u64> {
+    let limit: u64 = limit.trim().parse().ok()?;
+    // v1 writes "no limit" as the largest page-aligned i64.
+    if limit >= (i64::MAX as u64) & !4095 {
+        return None;
+    }
+    let usage: u64 = usage.trim().parse().ok()?;
+    Some(limit.saturating_sub(usage))
+}
+
+/// The least headroom of the run's memory cgroup and its ancestors on this
+/// host; `None` without a memory controller or a limit.
+pub fn cgroup_headroom() -> Option<u64> {
+    use crate::host::cgroup::CgroupRoot;
+    let root = CgroupRoot::find().ok()?;
+    let own = own_cgroup(&std::fs::read_to_string("/proc/self/cgroup").ok()?)?;
+    let (limit, usage) = match root {
+        CgroupRoot::V1(_) => ("memory.limit_in_bytes", "memory.usage_in_bytes"),
+        CgroupRoot::V2(_) => ("memory.max", "memory.current"),
+    };
+    let mut dir = root.dir().join(own.trim_start_matches('/'));
+    let mut least: Option<u64> = None;
+    while dir.starts_with(root.dir()) {
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+        if let (Some(l), Some(u)) = (read(limit), read(usage)) {
+            if let Some(h) = headroom(&l, &u) {
+                least = Some(least.map_or(h, |x| x.min(h)));
+            }
+        }
+        if !dir.pop() {
+            break;
+        }
+    }
+    least
+}
+
+/// What the run may use: MemAvailable, or the cgroup's headroom where that is
+/// less (true in the second field).
+pub fn available(meminfo: &str, cgroup: Option<u64>) -> Result<(u64, bool)> {
+    let a = mem_available(meminfo)?;
+    Ok(match cgroup {
+        Some(h) if h < a => (h, true),
+        _ => (a, false),
+    })
 }
 
 /// The largest sizes whose estimated peak fits `budget`. `quick` starts at the
@@ -122,6 +212,7 @@ pub fn choose(
         smallest.div_ceil(1 << 20),
         match source {
             Source::MemAvailable(_) => " (half of MemAvailable; --memory sets the budget)",
+            Source::Cgroup(_) => " (3/4 of the memory cgroup's headroom; --memory sets the budget)",
             Source::Flag => "",
         }
     )
@@ -131,6 +222,7 @@ pub fn choose(
 pub fn describe_budget(budget: u64, source: Source) -> String {
     let from = match source {
         Source::MemAvailable(a) => format!("half of MemAvailable {} MiB", a >> 20),
+        Source::Cgroup(a) => format!("3/4 of the memory cgroup's headroom {} MiB", a >> 20),
         Source::Flag => "--memory".to_string(),
     };
     format!("memory budget {} MiB ({from})", budget >> 20)
@@ -162,7 +254,7 @@ mod tests {
     #[test]
     fn budget_is_half_of_mem_available() {
         assert_eq!(mem_available(MEMINFO).unwrap(), 22347688 * 1024);
-        let (b, s) = budget(None, || mem_available(MEMINFO)).unwrap();
+        let (b, s) = budget(None, || available(MEMINFO, None)).unwrap();
         assert_eq!(b, 22347688 * 1024 / 2);
         assert_eq!(s, Source::MemAvailable(22347688 * 1024));
         assert!(mem_available("MemTotal: 1 kB\n").is_err());
@@ -171,11 +263,42 @@ mod tests {
     }
 
     #[test]
+    fn a_cgroup_limit_below_mem_available_sets_the_budget() {
+        let four = 4u64 << 30;
+        let (b, s) = budget(None, || available(MEMINFO, Some(four))).unwrap();
+        assert_eq!((b, s), (3 << 30, Source::Cgroup(four)));
+        assert!(describe_budget(b, s).contains("3/4 of the memory cgroup's headroom 4096 MiB"));
+        // A cgroup limit above MemAvailable changes nothing.
+        let (b, s) = budget(None, || available(MEMINFO, Some(1 << 40))).unwrap();
+        assert_eq!(
+            (b, s),
+            (22347688 * 1024 / 2, Source::MemAvailable(22347688 * 1024))
+        );
+        // v1 and v2 files.
+        assert_eq!(headroom("4294967296\n", "1073741824\n"), Some(3 << 30));
+        assert_eq!(headroom("max\n", "1073741824\n"), None);
+        assert_eq!(headroom("9223372036854771712\n", "5\n"), None);
+        assert_eq!(headroom("4096\n", "8192\n"), Some(0));
+        assert_eq!(headroom("", "1"), None);
+        let v1 = "9:name=systemd:/\n4:memory:/user/run-1.scope\n0::/\n";
+        assert_eq!(own_cgroup(v1).as_deref(), Some("/user/run-1.scope"));
+        let v1_joint = "5:cpu,memory:/a\n";
+        assert_eq!(own_cgroup(v1_joint).as_deref(), Some("/a"));
+        let v2 = "0::/system.slice/run-u7.scope\n";
+        assert_eq!(
+            own_cgroup(v2).as_deref(),
+            Some("/system.slice/run-u7.scope")
+        );
+        assert_eq!(own_cgroup(""), None);
+    }
+
+    #[test]
     fn the_flag_overrides_and_nonsense_is_refused() {
         let (b, s) = budget(Some(4 << 30), || panic!("not read")).unwrap();
         assert_eq!((b, s), (4 << 30, Source::Flag));
-        assert!(budget(Some(0), || Ok(1 << 30)).is_err());
-        assert!(budget(None, || Ok(0)).is_err());
+        assert!(budget(Some(0), || Ok((1 << 30, false))).is_err());
+        assert!(budget(None, || Ok((0, false))).is_err());
+        assert!(budget(None, || Ok((0, true))).is_err());
         assert!(budget(None, || bail!("no /proc")).is_err());
     }
 

@@ -221,6 +221,23 @@ fn rounds_for(w: &dyn Workload, config: &Config) -> usize {
     }
 }
 
+/// The whole run's ETA from the points done so far: the mean time per point
+/// done, times the points left ("eta 3m20s, 4.2s/point"; "eta ?" before the
+/// first point is done). Every point counts alike, whatever its workload.
+pub fn eta_text(elapsed: Duration, done: u64, total: u64) -> String {
+    if done == 0 {
+        return "eta ?".into();
+    }
+    let per = elapsed.as_secs_f64() / done as f64;
+    let left = (per * total.saturating_sub(done) as f64).round() as u64;
+    let eta = match (left / 3600, left / 60 % 60, left % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s:02}s"),
+        (h, m, _) => format!("{h}h{m:02}m"),
+    };
+    format!("eta {eta}, {per:.1}s/point")
+}
+
 pub fn run(
     config: &Config,
     list: &[&dyn Workload],
@@ -238,9 +255,16 @@ pub fn run(
         let pb = ProgressBar::new(total as u64);
         pb.set_style(
             ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} points (eta {eta}) {msg}",
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} points ({run_eta}) {msg}",
             )
-            .expect("valid template"),
+            .expect("valid template")
+            .with_key(
+                "run_eta",
+                |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                    let text = eta_text(s.elapsed(), s.pos(), s.len().unwrap_or(0));
+                    let _ = w.write_str(&text);
+                },
+            ),
         );
         pb.enable_steady_tick(Duration::from_millis(250));
         pb
@@ -322,6 +346,18 @@ mod tests {
             swap_file: None,
             sizes: Vec::new(),
         }
+    }
+
+    #[test]
+    fn eta_is_the_mean_point_time_times_the_points_left() {
+        let s = Duration::from_secs;
+        assert_eq!(eta_text(s(10), 0, 100), "eta ?");
+        assert_eq!(eta_text(s(10), 5, 10), "eta 10s, 2.0s/point");
+        assert_eq!(eta_text(s(100), 10, 30), "eta 3m20s, 10.0s/point");
+        assert_eq!(eta_text(s(3600), 1, 3), "eta 2h00m, 3600.0s/point");
+        assert_eq!(eta_text(s(7), 10, 10), "eta 0s, 0.7s/point");
+        // More done than planned (a workload added points): nothing left.
+        assert_eq!(eta_text(s(7), 11, 10), "eta 0s, 0.6s/point");
     }
 
     #[test]

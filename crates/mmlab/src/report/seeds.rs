@@ -10,13 +10,21 @@
 //! better, `<=` where lower is. A claim whose records are missing is "not
 //! measured"; one whose two values are both zero shows no change and is not met.
 //!
+//! A claim is read at the thread count the series published it at, except where
+//! the series ran one process per CPU on a machine larger than this host
+//! (`Claim::one_per_cpu`): that claim is read at the largest thread count the run
+//! measured that is at most both the series' count and this host's CPUs (the
+//! records' `params.host.cpus`), so that it keeps the series' one thread per
+//! CPU instead of oversubscribing a small host; the row says so ("@ 2 threads,
+//! one per CPU; the series: 16 on 48 CPUs").
+//!
 //! Rendered as Markdown (docs/results.md, the README's block), as HTML (the
 //! report's first screen) and as one small SVG plot per seed: a bar per claim
 //! for the published ratio and one for the measured, on a log axis around 1.
 
 use super::plot::color;
 use super::table::html_escape;
-use crate::record::{lookup, lookup_case, Record};
+use crate::record::Record;
 use anyhow::{anyhow, Result};
 use plotters::prelude::*;
 use std::fmt::Write as _;
@@ -31,7 +39,12 @@ pub struct Claim {
     pub published: f64,
     pub workload: &'static str,
     pub case: Option<&'static str>,
+    /// The thread count the series published the figure at.
     pub threads: usize,
+    /// `Some(cpus)`: the series ran `threads` processes, one per CPU, on a
+    /// machine of `cpus` CPUs; read at one thread per CPU of this host (see the
+    /// module header). `None`: read at exactly `threads`.
+    pub one_per_cpu: Option<usize>,
     pub metric: &'static str,
     pub higher_is_better: bool,
     /// The variant with the change (numerator).
@@ -67,10 +80,20 @@ const fn claim(
         workload: point.0,
         case: point.1,
         threads: point.2,
+        one_per_cpu: None,
         metric: point.3,
         higher_is_better,
         after,
         before,
+    }
+}
+
+/// `c`, read at one thread per CPU: the series ran `c.threads` processes on a
+/// machine of `cpus` CPUs.
+const fn per_cpu(c: Claim, cpus: usize) -> Claim {
+    Claim {
+        one_per_cpu: Some(cpus),
+        ..c
     }
 }
 
@@ -180,32 +203,41 @@ pub const SEEDS: &[Seed] = &[
                  swap slots allocation\", linux-mm, 2020",
         command: "pmbench",
         claims: &[
-            claim(
-                "score",
-                "pmbench, 16 processes, swap on RAM disks: score +18.5%",
-                1.185,
-                ("pmbench", None, 16, "accesses_per_sec"),
-                true,
-                "mmkit-swap-2020",
-                "mmkit-swap-2019",
+            per_cpu(
+                claim(
+                    "score",
+                    "pmbench, 16 processes, swap on RAM disks: score +18.5%",
+                    1.185,
+                    ("pmbench", None, 16, "accesses_per_sec"),
+                    true,
+                    "mmkit-swap-2020",
+                    "mmkit-swap-2019",
+                ),
+                48,
             ),
-            claim(
-                "swap-in",
-                "the same run: swap-in 2.96 -> 3.51 GB/s",
-                3.51 / 2.96,
-                ("pmbench", None, 16, "swapin_gb_per_sec"),
-                true,
-                "mmkit-swap-2020",
-                "mmkit-swap-2019",
+            per_cpu(
+                claim(
+                    "swap-in",
+                    "the same run: swap-in 2.96 -> 3.51 GB/s",
+                    3.51 / 2.96,
+                    ("pmbench", None, 16, "swapin_gb_per_sec"),
+                    true,
+                    "mmkit-swap-2020",
+                    "mmkit-swap-2019",
+                ),
+                48,
             ),
-            claim(
-                "score, mmkit",
-                "the same score, against mmkit's swap (per-CPU clusters, swap table)",
-                1.185,
-                ("pmbench", None, 16, "accesses_per_sec"),
-                true,
-                "mmkit",
-                "mmkit-swap-2019",
+            per_cpu(
+                claim(
+                    "score, mmkit",
+                    "the same score, against mmkit's swap (per-CPU clusters, swap table)",
+                    1.185,
+                    ("pmbench", None, 16, "accesses_per_sec"),
+                    true,
+                    "mmkit",
+                    "mmkit-swap-2019",
+                ),
+                48,
             ),
         ],
     },
@@ -263,6 +295,11 @@ pub struct Row {
     pub seed: &'static Seed,
     pub claim: &'static Claim,
     pub measured: Outcome,
+    /// The thread count it was read at (see `Claim::one_per_cpu`).
+    pub threads: usize,
+    /// A record it was read from ran with sizes scaled down to the run's
+    /// memory budget (`params.scaled`).
+    pub scaled: bool,
     /// The unit of the metric, from the records.
     pub unit: String,
 }
@@ -301,11 +338,30 @@ impl Row {
     }
 
     /// What mmkit measures: "alloc_free_batch @ 8 threads:
-    /// mmkit / mmkit-eager zone_lock_contended_pct (0.00 vs 12.34 %)".
+    /// mmkit / mmkit-eager zone_lock_contended_pct (0.00 vs 12.34 %)"; a claim
+    /// read at one thread per CPU says so: "pmbench @ 2 threads (one per CPU;
+    /// the series: 16 on 48 CPUs): ...".
     pub fn measures(&self) -> String {
         let c = self.claim;
         let case = c.case.map(|c| format!(" ({c})")).unwrap_or_default();
-        let t = if c.threads == 1 { "thread" } else { "threads" };
+        let t = if self.threads == 1 {
+            "thread"
+        } else {
+            "threads"
+        };
+        let mut notes: Vec<String> = c
+            .one_per_cpu
+            .map(|cpus| format!("one per CPU; the series: {} on {cpus} CPUs", c.threads))
+            .into_iter()
+            .collect();
+        if self.scaled {
+            notes.push("scaled sizes".into());
+        }
+        let notes = if notes.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", notes.join("; "))
+        };
         let values = match self.measured {
             Outcome::Ratio { after, before, .. } => {
                 format!(" ({} vs {} {})", num(after), num(before), self.unit)
@@ -314,8 +370,8 @@ impl Row {
             Outcome::NotMeasured => String::new(),
         };
         format!(
-            "{}{case} @ {} {t}: {} / {} {}{}",
-            c.workload, c.threads, c.after, c.before, c.metric, values
+            "{}{case} @ {} {t}{notes}: {} / {} {}{}",
+            c.workload, self.threads, c.after, c.before, c.metric, values
         )
         .replace(" )", ")")
     }
@@ -341,16 +397,64 @@ fn num(v: f64) -> String {
     }
 }
 
+/// The host's CPU count, from the records' `params.host.cpus`.
+fn host_cpus(records: &[Record]) -> Option<usize> {
+    records.iter().find_map(|r| {
+        let cpus = r.params.as_ref()?.get("host")?.get("cpus")?.as_u64()?;
+        usize::try_from(cpus).ok()
+    })
+}
+
+/// The thread count to read `claim` at: its own, or for a claim read at one
+/// thread per CPU the largest count measured for both variants that is at most
+/// the claim's and the host's CPUs (without a CPU count, at most the claim's).
+fn threads_for(claim: &Claim, records: &[Record], cpus: Option<usize>) -> usize {
+    if claim.one_per_cpu.is_none() {
+        return claim.threads;
+    }
+    let cap = claim.threads.min(cpus.unwrap_or(usize::MAX));
+    let measured = |v: &str, t: usize| {
+        records.iter().any(|r| {
+            r.workload == claim.workload
+                && r.variant == v
+                && r.threads == t
+                && r.metric == claim.metric
+                && r.case.as_deref() == claim.case
+        })
+    };
+    records
+        .iter()
+        .map(|r| r.threads)
+        .filter(|&t| t <= cap && measured(claim.after, t) && measured(claim.before, t))
+        .max()
+        .unwrap_or(cap)
+}
+
 /// Every claim of every seed, evaluated against `records`.
 pub fn rows(records: &[Record]) -> Vec<Row> {
+    let cpus = host_cpus(records);
     let mut out = Vec::new();
     for seed in SEEDS {
         for claim in seed.claims {
-            let get = |v: &str| match claim.case {
-                Some(c) => lookup_case(records, claim.workload, v, claim.threads, claim.metric, c),
-                None => lookup(records, claim.workload, v, claim.threads, claim.metric),
+            let threads = threads_for(claim, records, cpus);
+            let find = |v: &str| {
+                records.iter().find(|r| {
+                    r.workload == claim.workload
+                        && r.variant == v
+                        && r.threads == threads
+                        && r.metric == claim.metric
+                        && r.case.as_deref() == claim.case
+                })
             };
-            let measured = match (get(claim.after), get(claim.before)) {
+            let (a, b) = (find(claim.after), find(claim.before));
+            let scaled = [a, b].into_iter().flatten().any(|r| {
+                r.params
+                    .as_ref()
+                    .and_then(|p| p.get("scaled"))
+                    .and_then(|v| v.as_bool())
+                    == Some(true)
+            });
+            let measured = match (a.map(|r| r.value), b.map(|r| r.value)) {
                 (Some(a), Some(b)) if a == 0.0 && b == 0.0 => Outcome::BothZero,
                 (Some(after), Some(before)) => Outcome::Ratio {
                     after,
@@ -371,6 +475,8 @@ pub fn rows(records: &[Record]) -> Vec<Row> {
                 seed,
                 claim,
                 measured,
+                threads,
+                scaled,
                 unit,
             });
         }
@@ -579,164 +685,4 @@ pub fn svg(seed: &Seed, rows: &[&Row]) -> Result<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rec(
-        workload: &str,
-        case: Option<&str>,
-        variant: &str,
-        threads: usize,
-        metric: &str,
-        value: f64,
-    ) -> Record {
-        Record {
-            workload: workload.into(),
-            variant: variant.into(),
-            threads,
-            metric: metric.into(),
-            value,
-            unit: "u".into(),
-            case: case.map(Into::into),
-            params: None,
-            rounds: None,
-        }
-    }
-
-    #[test]
-    fn claims_come_from_records_and_compare_with_the_published_ratio() {
-        let recs = vec![
-            rec("cross_cpu_free", None, "mmkit", 2, "ops_per_sec", 200.0),
-            rec(
-                "cross_cpu_free",
-                None,
-                "mmkit-eager",
-                2,
-                "ops_per_sec",
-                100.0,
-            ),
-            rec(
-                "alloc_free_batch",
-                None,
-                "mmkit",
-                8,
-                "zone_lock_contended_pct",
-                0.0,
-            ),
-            rec(
-                "alloc_free_batch",
-                None,
-                "mmkit-eager",
-                8,
-                "zone_lock_contended_pct",
-                0.0,
-            ),
-            rec(
-                "clear_huge",
-                Some("1GiB"),
-                "mmkit-multi-page",
-                1,
-                "gb_per_sec",
-                20.0,
-            ),
-            rec(
-                "clear_huge",
-                Some("1GiB"),
-                "mmkit-page-at-a-time",
-                1,
-                "gb_per_sec",
-                10.0,
-            ),
-            rec(
-                "autonuma",
-                Some("numa01-full"),
-                "mmkit-numab-linux",
-                4,
-                "system_ms",
-                30.0,
-            ),
-            rec(
-                "autonuma",
-                Some("numa01-full"),
-                "mmkit-numab-4.0",
-                4,
-                "system_ms",
-                60.0,
-            ),
-        ];
-        let rows = rows(&recs);
-        assert_eq!(
-            rows.len(),
-            SEEDS.iter().map(|s| s.claims.len()).sum::<usize>()
-        );
-        let find = |label: &str| rows.iter().find(|r| r.claim.label == label).unwrap();
-        // 2x against a published 1.30x, higher is better: met.
-        let r = find("alloc/free CPUs");
-        assert_eq!(r.ratio_text(), "2.00x");
-        assert_eq!(r.met(), Some(true));
-        assert_eq!(
-            r.measures(),
-            "cross_cpu_free @ 2 threads: mmkit / mmkit-eager ops_per_sec (200.00 vs 100.00 u)"
-        );
-        // No contention either way: no change shown, not met.
-        let r = find("zone lock");
-        assert_eq!(r.measured, Outcome::BothZero);
-        assert_eq!(r.met_text(), "not met");
-        // 2.00x against a published 2.07x: not met.
-        let r = find("1 GiB");
-        assert_eq!(r.met(), Some(false));
-        // 0.50x against a published 0.35x, lower is better: not met.
-        let r = find("system time");
-        assert_eq!(r.ratio_text(), "0.50x");
-        assert_eq!(r.met(), Some(false));
-        assert_eq!(find("score").ratio_text(), "not measured");
-        assert_eq!(find("score").met_text(), "-");
-        let md = markdown(&rows);
-        assert_eq!(md.lines().count(), rows.len() + 2);
-        assert!(md.contains("| 000 zone->lock contention"));
-        let html = html(&rows).unwrap();
-        assert_eq!(html.matches("class=\"plot seedplot\"").count(), SEEDS.len());
-        assert_eq!(html.matches("<tr").count(), rows.len() + 1);
-        assert!(html.contains("<td class=\"met\">met</td>"));
-    }
-
-    #[test]
-    fn a_zero_baseline_is_infinite_and_a_zero_ratio_is_drawn() {
-        let recs = vec![
-            rec(
-                "alloc_free_batch",
-                None,
-                "mmkit",
-                8,
-                "zone_lock_contended_pct",
-                0.0,
-            ),
-            rec(
-                "alloc_free_batch",
-                None,
-                "mmkit-eager",
-                8,
-                "zone_lock_contended_pct",
-                12.0,
-            ),
-            rec("cross_cpu_free", None, "mmkit", 2, "ops_per_sec", 5.0),
-            rec("cross_cpu_free", None, "mmkit-eager", 2, "ops_per_sec", 0.0),
-        ];
-        let rows = rows(&recs);
-        let zl = rows.iter().find(|r| r.claim.label == "zone lock").unwrap();
-        assert_eq!(zl.ratio_text(), "0.00x");
-        assert_eq!(zl.met(), Some(true));
-        let cc = rows
-            .iter()
-            .find(|r| r.claim.label == "alloc/free CPUs")
-            .unwrap();
-        assert_eq!(cc.ratio_text(), "inf");
-        assert_eq!(cc.met(), Some(true));
-        let mine: Vec<&Row> = rows.iter().filter(|r| r.seed.id == "000").collect();
-        let svg = svg(&SEEDS[0], &mine).unwrap();
-        assert!(svg.starts_with("<svg"));
-        // Background, then per claim a published bar, and a measured one where
-        // both values were found (two of the four claims).
-        assert!(svg.matches("<rect").count() >= 1 + 4 + 2, "{svg}");
-    }
-}
+mod tests;
