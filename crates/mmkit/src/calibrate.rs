@@ -17,23 +17,29 @@
 //! | mmkit / kernel, 2 MiB | 1.17x | 6.4x |
 //! | mmkit / raw streaming, 1 GiB | 0.85 | 0.99 |
 //!
-//! The rule was wrong by 2x there, and no CPUID field says so; a few milliseconds
-//! of clearing say it directly. The calibration runs once per process (the first
-//! `Mm` build, or the first call of [`clear_calibration`]), on a 4 MiB buffer of
-//! its own, and takes the faster of two runs of each measurement (the
-//! machine may be busy). It clears and writes back about 60 MiB: a few
-//! milliseconds of CPU time (`cpu_us` in [`ClearCalibration`]):
+//! The rule was wrong by 2x there, and no CPUID field says so; a few
+//! milliseconds of clearing say it directly. The calibration runs once per
+//! process (the first `Mm` build, or the first call of [`clear_calibration`];
+//! the process's CPU model does not change under it, so the one result is the
+//! per-model cache), on a buffer of its own: one huge page, a second one only
+//! if the 1 GiB extents need their own measurement. Each pair of kernels runs
+//! once; a pair whose loser is within `DECISIVE` (1.25x) of its winner runs
+//! once more and the faster of the two runs of each counts (the machine may be
+//! busy). It clears and writes back about 8 to 24 MiB: a millisecond or two of
+//! CPU time (`cpu_us` in [`ClearCalibration`]):
 //!
-//! - `huge`: `rep stosb` against streaming stores clearing the buffer in 2 MiB
-//!   calls, each timed from cold lines through the write-back of what it left
-//!   dirty (`clflushopt` over the buffer, inside the timing): the cost of a huge
-//!   page whose zeroes leave the cache before they are used, as in a fault
-//!   stream larger than the cache;
+//! - `huge`: `rep stosb` against streaming stores clearing 2 MiB in one call,
+//!   timed from cold lines through the write-back of what it left dirty
+//!   (`clflushopt` over the buffer, inside the timing): the cost of a huge page
+//!   whose zeroes leave the cache before they are used, as in a fault stream
+//!   larger than the cache;
 //! - `gigantic`: the same in one 4 MiB call (a chunk of a 1 GiB clear; a string
-//!   instruction may change protocol with the size it is given);
-//! - `batch`: 16-page fault-around batches of a sparse first touch, one byte
-//!   written per page after the clear, as `page_fault1` does, through the
-//!   write-back: `clear_page_batch` with streaming stores (one `sfence`, the
+//!   instruction may change protocol with the size it is given), measured only
+//!   when `huge` was not decisive: when one kernel clearly wins 2 MiB calls, it
+//!   takes the 1 GiB extents too;
+//! - `batch`: 16-page fault-around batches of a sparse first touch over 2 MiB,
+//!   one byte written per page after the clear, as `page_fault1` does, through
+//!   the write-back: `clear_page_batch` with streaming stores (one `sfence`, the
 //!   touched lines prefetched) against `rep stosb` per page;
 //! - `cached_upto`: 2 MiB cleared then written line by line (the use that cached
 //!   zeroes are for), from cold lines: when `rep stosb` wins, mappings up to 2 MiB
@@ -69,14 +75,17 @@ use crate::Error;
 /// header).
 pub const CLEAR_PLAN_ENV: &str = "MMKIT_CLEAR_PLAN";
 
-/// Bytes the calibration clears per measurement.
-const CAL_BYTES: usize = 4 << 20;
-/// A huge page.
+/// A huge page: the bytes of each measurement but the 1 GiB extents'.
 const HUGE_BYTES: usize = 2 << 20;
+/// The 1 GiB extents' measurement: one call of this many bytes.
+const GIGANTIC_CALL: usize = 4 << 20;
 /// Pages per fault-around batch measured (mmkit's default fault-around).
 const BATCH_PAGES: usize = 16;
-/// Repetitions of each measurement (the fastest counts).
-const REPS: usize = 2;
+/// A pair is decided on one run when the slower kernel takes at least this
+/// many times the faster one's time.
+const DECISIVE: f64 = 1.25;
+/// Runs of each kernel of an undecided pair (the fastest counts).
+const MAX_REPS: usize = 2;
 
 /// What the calibration measured and what it chose.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -86,8 +95,9 @@ pub struct ClearCalibration {
     /// Huge pages: GB/s of `rep stosb` and of streaming stores (2 MiB calls,
     /// through the write-back).
     pub huge_gbs: [f64; 2],
-    /// 1 GiB extents: the same in one 4 MiB call.
-    pub gigantic_gbs: [f64; 2],
+    /// 1 GiB extents: the same in one 4 MiB call; `None` when `huge` was
+    /// decisive and its kernel was taken without measuring.
+    pub gigantic_gbs: Option<[f64; 2]>,
     /// Sparse fault-around batches: ns per page with `rep stosb` and with
     /// streaming stores.
     pub batch_ns: [f64; 2],
@@ -100,23 +110,29 @@ pub struct ClearCalibration {
     pub elapsed_us: u64,
     /// See `elapsed_us`.
     pub cpu_us: u64,
+    /// Timed clears the calibration ran (each a kernel over one buffer).
+    pub runs: u32,
 }
 
 impl std::fmt::Display for ClearCalibration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} (stosb/nt: huge {:.1}/{:.1} GB/s, gigantic {:.1}/{:.1} GB/s, batch \
-             {:.0}/{:.0} ns/page, reuse {:.0}/{:.0} us; {} us, cpu {} us)",
-            self.plan,
-            self.huge_gbs[0],
-            self.huge_gbs[1],
-            self.gigantic_gbs[0],
-            self.gigantic_gbs[1],
+            "{} (stosb/nt: huge {:.1}/{:.1} GB/s, ",
+            self.plan, self.huge_gbs[0], self.huge_gbs[1],
+        )?;
+        match self.gigantic_gbs {
+            Some(g) => write!(f, "gigantic {:.1}/{:.1} GB/s, ", g[0], g[1])?,
+            None => write!(f, "gigantic as huge, ")?,
+        }
+        write!(
+            f,
+            "batch {:.0}/{:.0} ns/page, reuse {:.0}/{:.0} us; {} runs, {} us, cpu {} us)",
             self.batch_ns[0],
             self.batch_ns[1],
             self.reuse_us[0],
             self.reuse_us[1],
+            self.runs,
             self.elapsed_us,
             self.cpu_us
         )
@@ -156,17 +172,18 @@ fn plan_from(text: Option<&str>, measured: impl FnOnce() -> ClearPlan) -> Result
     }
 }
 
-/// A buffer for the calibration: anonymous, 2 MiB aligned, THP advised,
-/// faulted in.
+/// A buffer for the calibration: anonymous, 2 MiB aligned, THP advised, room
+/// for `GIGANTIC_CALL` bytes of which the first `ready` are faulted in.
 struct Buf {
     map: *mut u8,
     map_len: usize,
     p: *mut u8,
+    ready: usize,
 }
 
 impl Buf {
-    fn new(len: usize) -> Option<Buf> {
-        let map_len = len + HUGE_BYTES;
+    fn new() -> Option<Buf> {
+        let map_len = GIGANTIC_CALL + HUGE_BYTES;
         // SAFETY: a fresh private anonymous mapping; no address hint.
         let map = unsafe {
             libc::mmap(
@@ -183,13 +200,34 @@ impl Buf {
         }
         let map = map.cast::<u8>();
         let p = map.wrapping_add(map.align_offset(HUGE_BYTES));
-        // SAFETY: [p, p + len) lies inside the mapping (the extra 2 MiB covers
-        // the alignment); madvise is a hint, its failure changes nothing.
-        unsafe { libc::madvise(p.cast(), len, libc::MADV_HUGEPAGE) };
-        // Fault it in (untimed), leaving no line cached.
-        // SAFETY: as above; nothing refers into the mapping.
-        unsafe { clear_pages_with(p, len, ClearStrategy::NonTemporal) };
-        Some(Buf { map, map_len, p })
+        // SAFETY: [p, p + GIGANTIC_CALL) lies inside the mapping (the extra
+        // 2 MiB covers the alignment); madvise is a hint, its failure changes
+        // nothing.
+        unsafe { libc::madvise(p.cast(), GIGANTIC_CALL, libc::MADV_HUGEPAGE) };
+        let mut buf = Buf {
+            map,
+            map_len,
+            p,
+            ready: 0,
+        };
+        buf.fault_in(HUGE_BYTES);
+        Some(buf)
+    }
+
+    /// Faults in the first `len` bytes (untimed), leaving no line cached.
+    fn fault_in(&mut self, len: usize) {
+        if len > self.ready {
+            // SAFETY: [p + ready, p + len) lies inside the mapping (len is at
+            // most GIGANTIC_CALL); nothing refers into it.
+            unsafe {
+                clear_pages_with(
+                    self.p.add(self.ready),
+                    len - self.ready,
+                    ClearStrategy::NonTemporal,
+                )
+            };
+            self.ready = len;
+        }
     }
 }
 
@@ -200,12 +238,6 @@ impl Drop for Buf {
     }
 }
 
-/// The fastest of `REPS` runs of `f`, in ns. Every measured function leaves the
-/// buffer's lines written back and uncached, so the next run starts cold.
-fn fastest(mut f: impl FnMut() -> f64) -> f64 {
-    (0..REPS).map(|_| f()).fold(f64::INFINITY, f64::min)
-}
-
 /// ns that `f` took.
 fn timed(f: impl FnOnce()) -> f64 {
     let t0 = Instant::now();
@@ -213,20 +245,50 @@ fn timed(f: impl FnOnce()) -> f64 {
     t0.elapsed().as_nanos() as f64
 }
 
-/// Clear the buffer with `s` in calls of `call` bytes, then write back what is
-/// dirty.
-fn stream(buf: &Buf, s: ClearStrategy, call: usize) {
-    for off in (0..CAL_BYTES).step_by(call) {
-        // SAFETY: off + call <= CAL_BYTES (a multiple of call); the buffer is ours.
-        unsafe { clear_pages_with(buf.p.add(off), call, s) };
-    }
-    // SAFETY: the buffer is mapped for CAL_BYTES.
-    unsafe { flush_cache_range(buf.p, CAL_BYTES) };
+/// Whether one of two times (ns) clearly wins: the other is at least
+/// `DECISIVE` times as long (a time that is not a positive number decides
+/// nothing).
+fn decisive(ns: [f64; 2]) -> bool {
+    let (lo, hi) = (ns[0].min(ns[1]), ns[0].max(ns[1]));
+    lo > 0.0 && hi.is_finite() && hi >= lo * DECISIVE
 }
 
-/// Sparse first touches in fault-around batches, cleared with `s`.
+/// `rep stosb` and streaming stores through `f` (ns per run, each leaving the
+/// buffer's lines written back and uncached, so the next run starts cold): once
+/// each, and again while the pair is not decisive, up to `MAX_REPS`; the
+/// fastest run of each kernel. Counts the runs in `runs`.
+fn pair(runs: &mut u32, mut f: impl FnMut(ClearStrategy) -> f64) -> [f64; 2] {
+    let mut best = [f64::INFINITY; 2];
+    for rep in 0..MAX_REPS {
+        if rep > 0 && decisive(best) {
+            break;
+        }
+        for (i, s) in [ClearStrategy::MultiPage, ClearStrategy::NonTemporal]
+            .into_iter()
+            .enumerate()
+        {
+            best[i] = best[i].min(f(s));
+            *runs += 1;
+        }
+    }
+    best
+}
+
+/// Clears the first `len` bytes with `s` in one call, then writes back what
+/// is dirty.
+fn stream(buf: &Buf, s: ClearStrategy, len: usize) {
+    debug_assert!(len <= buf.ready);
+    // SAFETY: len <= buf.ready, faulted in and ours.
+    unsafe {
+        clear_pages_with(buf.p, len, s);
+        flush_cache_range(buf.p, len);
+    }
+}
+
+/// Sparse first touches in fault-around batches over `HUGE_BYTES`, cleared
+/// with `s`.
 fn batches(buf: &Buf, s: ClearStrategy) {
-    let pages = CAL_BYTES / PAGE_SIZE;
+    let pages = HUGE_BYTES / PAGE_SIZE;
     for first in (0..pages).step_by(BATCH_PAGES) {
         let at = |i: usize| buf.p.wrapping_add(i * PAGE_SIZE);
         // SAFETY: the pages first..first + BATCH_PAGES are inside the buffer
@@ -237,8 +299,8 @@ fn batches(buf: &Buf, s: ClearStrategy) {
             unsafe { at(i).write_volatile(1) };
         }
     }
-    // SAFETY: the buffer is mapped for CAL_BYTES.
-    unsafe { flush_cache_range(buf.p, CAL_BYTES) };
+    // SAFETY: the buffer is faulted in for HUGE_BYTES.
+    unsafe { flush_cache_range(buf.p, HUGE_BYTES) };
 }
 
 /// `HUGE_BYTES` cleared with `s`, then one store per cache line: ns (the
@@ -246,14 +308,14 @@ fn batches(buf: &Buf, s: ClearStrategy) {
 /// the cache).
 fn reuse(buf: &Buf, s: ClearStrategy) -> f64 {
     let ns = timed(|| {
-        // SAFETY: HUGE_BYTES <= CAL_BYTES; the buffer is ours.
+        // SAFETY: HUGE_BYTES <= buf.ready; the buffer is ours.
         unsafe { clear_pages_with(buf.p, HUGE_BYTES, s) };
         for off in (0..HUGE_BYTES).step_by(64) {
             // SAFETY: inside the buffer.
             unsafe { buf.p.add(off).write_volatile(1) };
         }
     });
-    // SAFETY: the buffer is mapped for CAL_BYTES.
+    // SAFETY: the buffer is faulted in for HUGE_BYTES.
     unsafe { flush_cache_range(buf.p, HUGE_BYTES) };
     ns
 }
@@ -271,32 +333,40 @@ fn thread_cpu_us() -> u64 {
 
 fn calibrate() -> Option<ClearCalibration> {
     let (t0, cpu0) = (Instant::now(), thread_cpu_us());
-    let buf = Buf::new(CAL_BYTES)?;
-    let (m, nt) = (ClearStrategy::MultiPage, ClearStrategy::NonTemporal);
-    let gbs = |ns: f64| CAL_BYTES as f64 / ns;
-    let huge = [m, nt].map(|s| gbs(fastest(|| timed(|| stream(&buf, s, HUGE_BYTES)))));
-    let gigantic = [m, nt].map(|s| gbs(fastest(|| timed(|| stream(&buf, s, CAL_BYTES)))));
-    let per_page = (CAL_BYTES / PAGE_SIZE) as f64;
-    let batch = [m, nt].map(|s| fastest(|| timed(|| batches(&buf, s))) / per_page);
-    let reuse = [m, nt].map(|s| fastest(|| reuse(&buf, s)) / 1000.0);
+    let mut buf = Buf::new()?;
+    let mut runs = 0;
+    let rate = |len: usize, ns: [f64; 2]| ns.map(|ns| len as f64 / ns);
+    let huge_ns = pair(&mut runs, |s| timed(|| stream(&buf, s, HUGE_BYTES)));
+    let gigantic = if decisive(huge_ns) {
+        None
+    } else {
+        buf.fault_in(GIGANTIC_CALL);
+        let ns = pair(&mut runs, |s| timed(|| stream(&buf, s, GIGANTIC_CALL)));
+        Some(rate(GIGANTIC_CALL, ns))
+    };
+    let per_page = (HUGE_BYTES / PAGE_SIZE) as f64;
+    let batch = pair(&mut runs, |s| timed(|| batches(&buf, s))).map(|ns| ns / per_page);
+    let reuse = pair(&mut runs, |s| reuse(&buf, s)).map(|ns| ns / 1000.0);
     drop(buf);
     let mut c = choose(
-        huge,
+        rate(HUGE_BYTES, huge_ns),
         gigantic,
         batch,
         reuse,
         t0.elapsed().as_micros() as u64,
     );
     c.cpu_us = thread_cpu_us().saturating_sub(cpu0);
+    c.runs = runs;
     Some(c)
 }
 
 /// The plan from the figures: the faster kernel of each pair (rates: higher
 /// wins; times: lower wins; a tie or a figure that is not a number keeps
-/// `rep stosb`, the kernel without a fence).
+/// `rep stosb`, the kernel without a fence); 1 GiB extents without figures of
+/// their own take the huge pages' kernel.
 fn choose(
     huge_gbs: [f64; 2],
-    gigantic_gbs: [f64; 2],
+    gigantic_gbs: Option<[f64; 2]>,
     batch_ns: [f64; 2],
     reuse_us: [f64; 2],
     elapsed_us: u64,
@@ -310,7 +380,7 @@ fn choose(
     };
     let plan = ClearPlan {
         huge: pick(huge_gbs[1] > huge_gbs[0]),
-        gigantic: pick(gigantic_gbs[1] > gigantic_gbs[0]),
+        gigantic: pick(gigantic_gbs.map_or(huge_gbs[1] > huge_gbs[0], |g| g[1] > g[0])),
         batch: pick(batch_ns[1] < batch_ns[0]),
         cached_upto: if reuse_us[1] < reuse_us[0] {
             0
@@ -327,6 +397,7 @@ fn choose(
         reuse_us,
         elapsed_us,
         cpu_us: 0,
+        runs: 0,
     }
 }
 
@@ -337,6 +408,14 @@ mod tests {
     #[test]
     fn calibration_yields_a_valid_plan_once() {
         let c = clear_calibration().expect("a 6 MiB buffer");
+        // One run of each kernel of the three pairs at least, at most
+        // MAX_REPS of each of the four.
+        assert!((6..=8 * MAX_REPS as u32).contains(&c.runs), "{c}");
+        assert_eq!(
+            c.gigantic_gbs.is_none(),
+            decisive(c.huge_gbs.map(|g| 1.0 / g)),
+            "{c}"
+        );
         assert!(c.plan.is_valid(), "{c}");
         assert_eq!(c.plan.source, PlanSource::Measured);
         assert!(matches!(c.plan.cached_upto, 0 | HUGE_BYTES), "{c}");
@@ -356,27 +435,66 @@ mod tests {
         let odd = [0.0, f64::NAN, f64::INFINITY, 1.0, -1.0];
         for &a in &odd {
             for &b in &odd {
-                let c = choose([a, b], [b, a], [a, b], [b, a], 0);
-                assert!(c.plan.is_valid());
-                assert_eq!(c.plan.source, PlanSource::Measured);
+                for g in [Some([b, a]), None] {
+                    let c = choose([a, b], g, [a, b], [b, a], 0);
+                    assert!(c.plan.is_valid());
+                    assert_eq!(c.plan.source, PlanSource::Measured);
+                }
+                // Odd times decide nothing on their own.
+                if !(a > 0.0 && b > 0.0 && a.is_finite() && b.is_finite()) {
+                    assert!(!decisive([a, b]), "{a} {b}");
+                }
             }
         }
-        let c = choose([10.9, 22.3], [10.0, 20.0], [300.0, 150.0], [90.0, 200.0], 1);
+        let c = choose(
+            [10.9, 22.3],
+            Some([10.0, 20.0]),
+            [300.0, 150.0],
+            [90.0, 200.0],
+            1,
+        );
         assert_eq!(c.plan.huge, ClearStrategy::NonTemporal);
         assert_eq!(c.plan.gigantic, ClearStrategy::NonTemporal);
         assert_eq!(c.plan.batch, ClearStrategy::NonTemporal);
         assert_eq!(c.plan.cached_upto, HUGE_BYTES);
         let c = choose(
             [30.0, 20.0],
-            [30.0, 20.0],
+            Some([30.0, 20.0]),
             [100.0, 150.0],
             [300.0, 200.0],
             1,
         );
         assert_eq!(c.plan.huge, ClearStrategy::MultiPage);
         assert_eq!(c.plan.gigantic, ClearStrategy::MultiPage);
+        // Without figures of their own, 1 GiB extents follow huge pages.
+        let c = choose([10.9, 22.3], None, [1.0, 2.0], [1.0, 2.0], 1);
+        assert_eq!(c.plan.gigantic, ClearStrategy::NonTemporal);
+        let c = choose([30.0, 20.0], None, [1.0, 2.0], [1.0, 2.0], 1);
+        assert_eq!(c.plan.gigantic, ClearStrategy::MultiPage);
+        assert!(c.to_string().contains("gigantic as huge"), "{c}");
         assert_eq!(c.plan.batch, ClearStrategy::MultiPage);
         assert_eq!(c.plan.cached_upto, 0);
+    }
+
+    #[test]
+    fn a_pair_runs_again_only_while_undecided() {
+        let mut runs = 0;
+        // 2x apart: decided on the first run of each.
+        let t = pair(&mut runs, |s| {
+            if s == ClearStrategy::MultiPage {
+                200.0
+            } else {
+                100.0
+            }
+        });
+        assert_eq!((t, runs), ([200.0, 100.0], 2));
+        // 10% apart: run again, the fastest of each counts.
+        let mut runs = 0;
+        let mut seq = [120.0, 100.0, 90.0, 130.0].into_iter();
+        let t = pair(&mut runs, |_| seq.next().unwrap());
+        assert_eq!((t, runs), ([90.0, 100.0], 4));
+        assert!(decisive([100.0, 125.0]) && decisive([125.0, 100.0]));
+        assert!(!decisive([100.0, 124.0]));
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //! of `len` bytes yields `ceil(len / chunk) - 1` times. No shared state and no lock:
 //! the caller owns the memory, and the yield function must not touch it.
 
-use super::kernels::{prefetch_hot_lines, Kernel};
+use super::kernels::{hot_lines, prefetch_pages, Kernel};
 use super::ClearStrategy;
 use crate::page::PAGE_SIZE;
 
@@ -199,19 +199,15 @@ impl ChunkedClear {
     /// those before it, [`HOT_PREFETCH_PAGES`] at most. Only addresses inside the
     /// huge page are computed; a prefetch is a hint and never faults.
     fn prefetch_hot(&self, base: *mut u8, nr_pages: usize, lo: usize, hi: usize) {
-        if self.hot_len == 0 {
+        let lines = hot_lines(self.hot_offset, self.hot_len);
+        if lines.is_empty() {
             return;
         }
-        let after = hi..nr_pages.min(hi + HOT_PREFETCH_PAGES);
-        let left = HOT_PREFETCH_PAGES - after.len();
-        let before = lo.saturating_sub(left)..lo;
-        for i in after.chain(before.rev()) {
-            prefetch_hot_lines(
-                base.wrapping_add(i * PAGE_SIZE),
-                self.hot_offset,
-                self.hot_len,
-            );
-        }
+        let after = nr_pages.min(hi + HOT_PREFETCH_PAGES).saturating_sub(hi);
+        let before = lo.min(HOT_PREFETCH_PAGES - after);
+        // The lines computed once, a plain loop per side (see `prefetch_pages`).
+        prefetch_pages(base.wrapping_add(hi * PAGE_SIZE), after, false, &lines);
+        prefetch_pages(base.wrapping_add(lo * PAGE_SIZE), before, true, &lines);
     }
 }
 

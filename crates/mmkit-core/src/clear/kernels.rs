@@ -390,19 +390,74 @@ pub(super) unsafe fn flush_cache_range(p: *const u8, len: usize) {
     let _ = p;
 }
 
-/// Prefetches for writing the cache lines of the 4 KiB page at `page` that cover
-/// its bytes `[offset, offset + len)` (clipped to the page). A prefetch is a hint
-/// that never faults, so `page` may be any address; elsewhere than on x86_64,
-/// nothing is done.
+/// The cache lines of a 4 KiB page that cover its bytes `[offset, offset +
+/// len)` (clipped to the page), as the line-aligned byte range `first..end` of
+/// the page (empty when nothing of it is inside the page).
 #[inline]
-pub(super) fn prefetch_hot_lines(page: *mut u8, offset: usize, len: usize) {
+pub(super) fn hot_lines(offset: usize, len: usize) -> Range<usize> {
     let first = offset.min(PAGE_SIZE) & !63;
     let end = offset.saturating_add(len).min(PAGE_SIZE);
-    for off in (first..end).step_by(64) {
-        #[cfg(target_arch = "x86_64")]
-        x86::prefetchw(page.wrapping_add(off));
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (page, off);
+    first..end.max(first)
+}
+
+/// Prefetches for writing the cache lines at `page + lines.start` up to
+/// `page + lines.end`, one per 64 bytes (`lines` from [`hot_lines`]). A
+/// prefetch is a hint that never faults, so `page` may be any address;
+/// elsewhere than on x86_64, nothing is done.
+#[inline(always)]
+pub(super) fn prefetch_lines(page: *mut u8, lines: &Range<usize>) {
+    let mut off = lines.start;
+    while off < lines.end {
+        prefetch_line(page.wrapping_add(off));
+        off += 64;
+    }
+}
+
+/// `prefetchw` of the line at `p` (nothing elsewhere than on x86_64).
+#[inline(always)]
+fn prefetch_line(p: *mut u8) {
+    #[cfg(target_arch = "x86_64")]
+    x86::prefetchw(p);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// [`prefetch_lines`] for `n` consecutive 4 KiB pages: from `page` upwards, or
+/// when `down` from the page below `page` downwards. Plain pointer loops, one
+/// prefetch per page for a single hot line: this runs for up to 512 sub-pages
+/// of every huge-page fault, where an iterator's set-up per page would cost
+/// more than the prefetch.
+#[inline]
+pub(super) fn prefetch_pages(page: *mut u8, n: usize, down: bool, lines: &Range<usize>) {
+    let single = lines.end.saturating_sub(lines.start) <= 64;
+    let mut p = page;
+    match (single, down) {
+        (true, false) => {
+            let mut q = p.wrapping_add(lines.start);
+            for _ in 0..n {
+                prefetch_line(q);
+                q = q.wrapping_add(PAGE_SIZE);
+            }
+        }
+        (true, true) => {
+            let mut q = p.wrapping_add(lines.start);
+            for _ in 0..n {
+                q = q.wrapping_sub(PAGE_SIZE);
+                prefetch_line(q);
+            }
+        }
+        (false, false) => {
+            for _ in 0..n {
+                prefetch_lines(p, lines);
+                p = p.wrapping_add(PAGE_SIZE);
+            }
+        }
+        (false, true) => {
+            for _ in 0..n {
+                p = p.wrapping_sub(PAGE_SIZE);
+                prefetch_lines(p, lines);
+            }
+        }
     }
 }
 
@@ -423,7 +478,42 @@ where
         unsafe { clear_nt_unfenced(p, PAGE_SIZE, kind) };
     }
     x86::sfence();
+    let lines = hot_lines(hot.start, hot.end.saturating_sub(hot.start));
     for p in pages {
-        prefetch_hot_lines(p, hot.start, hot.end.saturating_sub(hot.start));
+        prefetch_lines(p, &lines);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+
+    #[test]
+    fn hot_lines_cover_the_bytes_clipped_to_the_page() {
+        assert_eq!(hot_lines(0, 1), 0..1);
+        assert_eq!(hot_lines(100, 1), 64..101);
+        assert_eq!(hot_lines(4095, 10), 4032..4096);
+        assert_eq!(hot_lines(60, 10), 0..70);
+        assert!(hot_lines(0, 0).is_empty());
+        assert!(hot_lines(5000, 1).is_empty());
+        assert!(hot_lines(usize::MAX, usize::MAX).is_empty());
+    }
+
+    #[test]
+    fn prefetching_pages_changes_no_byte() {
+        // Prefetches are hints: whatever the direction and lines, the bytes stay.
+        let mut buf = std::vec![0xa5u8; 8 * PAGE_SIZE];
+        let base = buf.as_mut_ptr();
+        for lines in [
+            hot_lines(0, 1),
+            hot_lines(100, 300),
+            hot_lines(0, PAGE_SIZE),
+        ] {
+            prefetch_pages(base, 8, false, &lines);
+            prefetch_pages(base.wrapping_add(8 * PAGE_SIZE), 8, true, &lines);
+            prefetch_pages(base, 0, true, &lines);
+        }
+        assert!(buf.iter().all(|&b| b == 0xa5));
     }
 }
