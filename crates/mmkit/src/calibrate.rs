@@ -466,14 +466,14 @@ mod tests {
         );
         assert_eq!(c.plan.huge, ClearStrategy::MultiPage);
         assert_eq!(c.plan.gigantic, ClearStrategy::MultiPage);
+        assert_eq!(c.plan.batch, ClearStrategy::MultiPage);
+        assert_eq!(c.plan.cached_upto, 0);
         // Without figures of their own, 1 GiB extents follow huge pages.
         let c = choose([10.9, 22.3], None, [1.0, 2.0], [1.0, 2.0], 1);
         assert_eq!(c.plan.gigantic, ClearStrategy::NonTemporal);
         let c = choose([30.0, 20.0], None, [1.0, 2.0], [1.0, 2.0], 1);
         assert_eq!(c.plan.gigantic, ClearStrategy::MultiPage);
         assert!(c.to_string().contains("gigantic as huge"), "{c}");
-        assert_eq!(c.plan.batch, ClearStrategy::MultiPage);
-        assert_eq!(c.plan.cached_upto, 0);
     }
 
     #[test]
