@@ -25,8 +25,10 @@
 //! if the 1 GiB extents need their own measurement. Each pair of kernels runs
 //! once; a pair whose loser is within `DECISIVE` (1.25x) of its winner runs
 //! once more and the faster of the two runs of each counts (the machine may be
-//! busy). It clears and writes back about 8 to 24 MiB: a millisecond or two of
-//! CPU time (`cpu_us` in [`ClearCalibration`]):
+//! busy). It clears and writes back 12 MiB when every pair is decided at once,
+//! 40 MiB at most: about 1.5 ms of CPU time on a 2-CPU AMD EPYC guest (median
+//! of 15 start-ups; the fixed-size calibration it replaced took 4.2 ms there),
+//! `cpu_us` in [`ClearCalibration`]:
 //!
 //! - `huge`: `rep stosb` against streaming stores clearing 2 MiB in one call,
 //!   timed from cold lines through the write-back of what it left dirty
