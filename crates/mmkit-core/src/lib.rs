@@ -21,6 +21,7 @@ pub mod lru_policy;
 pub mod node;
 pub mod page;
 mod page_alloc;
+pub mod page_counter;
 pub mod pcp;
 pub mod pcp_cache;
 pub mod platform;
