@@ -512,6 +512,7 @@ impl MmBuilder {
         for z in alloc.zone_info() {
             wmark_high[z.node.min(nr_nodes - 1)] += z.wmark[2];
         }
+        let memcg = Arc::new(crate::memcontrol::MemCgTable::new(nr_pages, nr_cpus));
         let inner = Arc::new(MmInner {
             alloc,
             arena,
@@ -535,6 +536,7 @@ impl MmBuilder {
                 self.lru_sharded,
                 self.lru_policy,
             ),
+            memcg: memcg.clone(),
             swap: SwapDevices::new(
                 self.swap_alloc,
                 self.swap_cache,
@@ -553,6 +555,7 @@ impl MmBuilder {
                 stats: Default::default(),
             },
         });
+        inner.swap.set_memcg(memcg);
         crate::kswapd::start_kswapd(&inner);
         if self.cfg.pcp == PcpPolicy::On && self.cfg.pcp_high == PcpHighPolicy::Auto {
             start_vmstat_worker(&inner);

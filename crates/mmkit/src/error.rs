@@ -166,6 +166,60 @@ pub enum Error {
         /// The address of the first.
         first: u64,
     },
+    /// A memory cgroup of another `Mm` was given (each `Mm` has its own tree).
+    #[error("memory cgroup {group} belongs to another Mm: create spaces and children through the Mm that made it")]
+    ForeignGroup {
+        /// The group's id.
+        group: u32,
+    },
+    /// The memory cgroup was removed (`MemCgroup::remove`): it takes no new
+    /// settings, spaces or children.
+    #[error("memory cgroup {group} has been removed: create a new group")]
+    GroupRemoved {
+        /// The group's id.
+        group: u32,
+    },
+    /// The memory cgroup is in use and cannot be removed.
+    #[error("memory cgroup {group} is in use ({spaces} live space(s), {children} child group(s)): drop them first")]
+    GroupBusy {
+        /// The group's id.
+        group: u32,
+        /// Its live address spaces.
+        spaces: u64,
+        /// Its live child groups.
+        children: u64,
+    },
+    /// Lowering `max` below the group's usage: reclaim could not bring the
+    /// usage down to it; the old limit stays.
+    #[error("memory cgroup {group}: {what} {bytes} bytes is below its usage ({usage} bytes) and reclaim could not get there; the old limit stays")]
+    LimitBelowUsage {
+        /// The group's id.
+        group: u32,
+        /// Which limit (`memory.max`, `memory.swap.max`).
+        what: &'static str,
+        /// The limit asked for, bytes.
+        bytes: u64,
+        /// The usage that stayed above it, bytes.
+        usage: u64,
+    },
+    /// A memory cgroup value that is not usable.
+    #[error("memory cgroup {group}: {what} {bytes} bytes: {reason}")]
+    BadGroupValue {
+        /// The group's id.
+        group: u32,
+        /// Which value.
+        what: &'static str,
+        /// The value given.
+        bytes: u64,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+    /// Too many memory cgroups alive in one Mm.
+    #[error("too many memory cgroups alive in this Mm (at most {max}); drop some first")]
+    TooManyGroups {
+        /// The most.
+        max: u32,
+    },
 }
 
 /// The `Error` of a refused `free_pages(pfn, order)`.

@@ -40,6 +40,7 @@ mod error;
 mod kswapd;
 mod kthread;
 mod lru;
+mod memcontrol;
 mod mempolicy;
 mod migrate;
 mod nbd;
@@ -71,6 +72,7 @@ pub use builder::{MmBuilder, Variant};
 pub use calibrate::{clear_calibration, clear_plan, ClearCalibration, CLEAR_PLAN_ENV};
 pub use compaction::CompactSummary;
 pub use error::Error;
+pub use memcontrol::{MemCgEvents, MemCgStat, MemCgroup, Pressure, MAX_GROUPS};
 pub use mempolicy::{MbindFlags, MemPolicy, MempolicyError, Placement};
 pub use mmkit_core;
 pub use mmkit_core::clear::{ClearPlan, ClearStrategy, PlanSource};
@@ -137,6 +139,9 @@ struct MmInner {
     numa_note: Option<String>,
     /// The anonymous LRU lists and their per-CPU add batches (`lru.rs`).
     lru: lru::Lru,
+    /// Memory cgroups: ids, page owners, root counters, charge stocks
+    /// (`memcontrol/`).
+    memcg: Arc<memcontrol::MemCgTable>,
     /// The swap devices that are on (`swapfile/`).
     swap: swapfile::SwapDevices,
     /// One kswapd per node (`kswapd.rs`); empty when turned off.
@@ -358,6 +363,7 @@ impl Mm {
         self.wait_reclaim_idle();
         self.inner.alloc.check().map_err(Error::Corrupt)?;
         self.inner.lru.check(self).map_err(Error::Corrupt)?;
+        memcontrol::check(self).map_err(Error::Corrupt)?;
         self.inner.swap.check().map_err(Error::Corrupt)
     }
 

@@ -148,6 +148,12 @@ fn migrate_one(
         }
     }
     rmap::set(mm, dst, m.space.id(), m.vaddr);
+    // The charge moves with the data (Linux's `mem_cgroup_migrate`): the
+    // group's counter is unchanged.
+    let owner = mm.memcg().take_owner(src.get());
+    if owner != 0 {
+        mm.memcg().set_owner(dst.get(), owner);
+    }
     // `dst` takes `src`'s place on the LRU (`lru.rs`) before its PTE is
     // visible, as Linux adds the new folio to the LRU before
     // `remove_migration_ptes`. From the store on, another migrator may find

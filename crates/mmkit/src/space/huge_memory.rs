@@ -77,8 +77,19 @@ impl SpaceInner {
         let Ok(pfn) = self.alloc_fault_pages(vmf.vma, head, gfp, HPAGE_PMD_ORDER) else {
             return false;
         };
+        // A huge page its group cannot be charged for: order 0 instead.
+        if let Some(g) = self.memcg() {
+            if crate::memcontrol::try_charge(g, HPAGE_PMD_NR, HPAGE_PMD_ORDER).is_err() {
+                mm.free_owned_pages(pfn, HPAGE_PMD_ORDER)
+                    .expect("freeing our own unpublished huge page");
+                return false;
+            }
+        }
         // The table a later split will need, taken now (without it, no huge page).
         let Ok(pgtable) = alloc_table(mm) else {
+            if let Some(g) = self.memcg() {
+                g.memory.uncharge(HPAGE_PMD_NR);
+            }
             mm.free_owned_pages(pfn, HPAGE_PMD_ORDER)
                 .expect("freeing our own unpublished huge page");
             return false;
@@ -109,6 +120,9 @@ impl SpaceInner {
             )
         };
         rmap::set(mm, pfn, self.id, haddr);
+        if let Some(g) = self.memcg() {
+            mm.memcg().set_owner(pfn.get(), g.id);
+        }
         // Not split: no sub-page map count.
         desc(mm, Pfn::new(pfn.get() + 1))
             .nr_pages_mapped()
@@ -133,6 +147,7 @@ impl SpaceInner {
                 mm.free_owned_pages(pt, 0)
                     .expect("freeing our own unpublished table");
                 rmap::clear(mm, pfn);
+                crate::memcontrol::uncharge_batch(mm, &[(pfn, HPAGE_PMD_ORDER)]);
                 mm.free_owned_pages(pfn, HPAGE_PMD_ORDER)
                     .expect("freeing our own unpublished huge page");
             }
@@ -302,6 +317,13 @@ impl SpaceInner {
         mm.page_alloc()
             .split_page(head, HPAGE_PMD_ORDER)
             .expect("an allocated order-9 head");
+        // The 512 pages charged for the head are each sub-page's now.
+        let owner = mm.memcg().owner(head.get());
+        if owner != 0 {
+            for i in 1..HPAGE_PMD_NR {
+                mm.memcg().set_owner(head.get() + i, owner);
+            }
+        }
         // Each mapped sub-page keeps the reference split_page gave it (its
         // mapping's); the unmapped ones drop theirs.
         let mut mapped = ptes.iter().map(|&(i, _)| i).peekable();
@@ -315,6 +337,7 @@ impl SpaceInner {
                 subpages.push(sub);
             }
         }
+        crate::memcontrol::uncharge_batch(mm, &unmapped);
         mm.put_pages_bulk(&unmapped);
         mm.page_alloc().count_vm_event(VmEvent::ThpSplitPage, 1);
         HugeSplit::Split(subpages)

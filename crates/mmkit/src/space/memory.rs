@@ -23,6 +23,7 @@ use mmkit_core::clear::{clear_page_batch, ClearStrategy};
 
 use super::mmap::{Vma, VmaTree};
 use super::{leaf, SpaceInner, Stat, PAGE, SPARSE_TOUCH_BYTES};
+use crate::memcontrol::MemCgInner;
 use crate::migrate::wait_migration;
 use crate::pgtable::{
     alloc_table, pt_index, used, Pte, Table, PMD_SIZE, PTE_ACCESSED, PTE_DIRTY, PTRS_PER_TABLE,
@@ -229,6 +230,10 @@ impl SpaceInner {
             pfns[0] = self.alloc_fault_pages(vma, va, Gfp::MOVABLE, 0)?;
             n = 1;
         }
+        let memcg = self.memcg().map(|g| &**g);
+        if let Some(g) = memcg {
+            n = self.charge_fault_pages(g, &pfns[..n])?;
+        }
         let off = (addr % PAGE) as usize;
         let sparse = len <= SPARSE_TOUCH_BYTES;
         let strategy = mm.clear_plan().resolve_batch(mm.clear_strategy(), sparse);
@@ -255,6 +260,9 @@ impl SpaceInner {
         for i in 0..n {
             let pfn = pfns[i];
             rmap::set(mm, pfn, self.id, va + (i as u64) * PAGE);
+            if let Some(g) = memcg {
+                mm.memcg().set_owner(pfn.get(), g.id);
+            }
             let pte = leaf(pfn, false).with(if i == 0 { first_bits } else { bits });
             match pt[idx + i].compare_exchange(0, pte.raw(), Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
@@ -264,12 +272,17 @@ impl SpaceInner {
                 Err(_) => {
                     // A racing fault installed its own page here.
                     rmap::clear(mm, pfn);
+                    crate::memcontrol::uncharge_batch(mm, &[(pfn, 0)]);
                     mm.free_owned_pages(pfn, 0)
                         .expect("freeing our own unpublished page");
                 }
             }
         }
         if installed > 0 {
+            if let Some(g) = memcg {
+                g.stats
+                    .add(crate::memcontrol::Event::PgFault, installed as u64);
+            }
             used(mm, pt_pfn).fetch_add(installed as u64, Ordering::Relaxed);
             self.stats.add(Stat::Rss, installed as i64);
             // Onto the LRU through this CPU's batch (`lru.rs`).
@@ -278,5 +291,27 @@ impl SpaceInner {
                 .lru_cache_add(mm, &pfns[..installed], first, policy.new_page_state(true));
         }
         Ok(())
+    }
+
+    /// Charges the pages of a fault batch to `g`; when the whole batch
+    /// cannot be charged, the pages after the faulting one are freed and
+    /// only it is charged. Returns how many of `pfns` stay (from the first);
+    /// `Err` (all freed) when not even the faulting page could be charged.
+    fn charge_fault_pages(&self, g: &MemCgInner, pfns: &[Pfn]) -> Result<usize, Error> {
+        let mm = &self.mm;
+        let n = pfns.len();
+        if crate::memcontrol::try_charge(g, n as u64, 0).is_ok() {
+            return Ok(n);
+        }
+        for &p in &pfns[1..] {
+            mm.free_owned_pages(p, 0)
+                .expect("freeing our own unpublished page");
+        }
+        if n > 1 && crate::memcontrol::try_charge(g, 1, 0).is_ok() {
+            return Ok(1);
+        }
+        mm.free_owned_pages(pfns[0], 0)
+            .expect("freeing our own unpublished page");
+        Err(Error::NoMemory { order: 0 })
     }
 }

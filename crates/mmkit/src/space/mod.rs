@@ -75,6 +75,7 @@ use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteG
 use crossbeam_utils::CachePadded;
 use mmkit_core::Platform;
 
+use crate::memcontrol::MemCgInner;
 use crate::pgtable::{alloc_table, table, Pte, Table, TASK_SIZE};
 use crate::{Error, Mm, Pfn, StdPlatform, PAGE_SIZE};
 
@@ -221,11 +222,19 @@ pub(crate) struct SpaceInner {
     policies: mempolicy::Policies,
     /// Automatic NUMA balancing (`task_numa.rs`).
     numab: task_numa::SpaceNumab,
+    /// The memory cgroup its pages are charged to (`None`: the root, never
+    /// charged).
+    memcg: Option<Arc<MemCgInner>>,
 }
 
 impl Mm {
     /// A new, empty address space whose table and data pages come from this Mm.
     pub fn new_space(&self) -> Result<Space, Error> {
+        self.new_space_charged(None)
+    }
+
+    /// A new address space charged to `memcg` (`None`: the root).
+    pub(crate) fn new_space_charged(&self, memcg: Option<Arc<MemCgInner>>) -> Result<Space, Error> {
         let id = self.spaces().reserve_id()?;
         let pgd = match alloc_table(self) {
             Ok(p) => p,
@@ -243,7 +252,11 @@ impl Mm {
             nr_vmas: AtomicU64::new(0),
             policies: mempolicy::Policies::default(),
             numab: Default::default(),
+            memcg,
         });
+        if let Some(g) = &inner.memcg {
+            g.space_added();
+        }
         inner.stats.add(Stat::PgTables, 1);
         self.spaces().publish(id, &inner);
         Ok(Space { inner, owner: true })
@@ -269,6 +282,14 @@ impl Space {
 
     pub(crate) fn inner(&self) -> &SpaceInner {
         &self.inner
+    }
+
+    /// The memory cgroup this space is charged to; `None` for the root.
+    pub fn memcg(&self) -> Option<crate::MemCgroup> {
+        self.inner
+            .memcg
+            .clone()
+            .map(|inner| crate::MemCgroup { inner })
     }
 
     /// The id the reverse map records ([`Mm::rmap_lookup`]), unique among the
@@ -342,6 +363,14 @@ fn leaf(pfn: Pfn, huge: bool) -> Pte {
     Pte::page(pfn, huge).expect("arena pfns fit in the PTE's 40-bit pfn field")
 }
 
+impl SpaceInner {
+    /// The memory cgroup charged for this space's pages (`None`: the root).
+    #[inline]
+    pub(crate) fn memcg(&self) -> Option<&Arc<MemCgInner>> {
+        self.memcg.as_ref()
+    }
+}
+
 impl Drop for SpaceInner {
     fn drop(&mut self) {
         // No other reference exists: no walker, no lock needed.
@@ -350,6 +379,9 @@ impl Drop for SpaceInner {
             let mut tlb = MmuGather::new(&self.mm);
             self.zap_range(&held, 0, TASK_SIZE, FREE_UPPER, &mut tlb);
             tlb.remove_table(self.pgd);
+        }
+        if let Some(g) = &self.memcg {
+            g.space_gone();
         }
         self.mm.spaces().release_id(self.id);
     }

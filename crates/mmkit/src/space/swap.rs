@@ -119,6 +119,8 @@ impl SpaceInner {
             return if changed() { Ok(()) } else { bad(&"no device") };
         };
         let mut spins = 0;
+        // A swap-in is a stall of the space's group (its pressure).
+        let _stall = self.memcg().map(|g| crate::memcontrol::Stall::enter(g));
         // 1, 2, 3.
         let lock = loop {
             if changed() {
@@ -155,6 +157,13 @@ impl SpaceInner {
         };
         // 4.
         let page = lock.pfn();
+        if let Some(g) = self.memcg() {
+            if let Err(err) = crate::memcontrol::try_charge(g, 1, 0) {
+                mm.swapin_undo(&dev, lock);
+                return Err(err);
+            }
+            mm.memcg().set_owner(page.get(), g.id);
+        }
         let va = addr & !(PAGE - 1);
         rmap::set(mm, page, self.id, va);
         let pte = leaf(page, false).with(self.fault_bits(vmf));
@@ -163,6 +172,7 @@ impl SpaceInner {
             .is_ok();
         if !mapped {
             rmap::clear(mm, page);
+            crate::memcontrol::uncharge_batch(mm, &[(page, 0)]);
             mm.swapin_undo(&dev, lock);
             return Ok(());
         }
@@ -194,6 +204,9 @@ impl SpaceInner {
         }
         drop(lock);
         self.stats.add(Stat::Rss, 1);
+        if let Some(g) = self.memcg() {
+            g.stats.add(crate::memcontrol::Event::PswpIn, 1);
+        }
         // The state `swapin_refault` gave it when it was read.
         let st = mm.lru().state(page);
         mm.lru().lru_cache_add(mm, &[page], st, st);
@@ -230,30 +243,51 @@ impl SpaceInner {
             Err(_) if changed() => return Ok(()),
             Err(_) => return Err(no_memory),
         }
+        let memcg = self.memcg().map(|g| &**g);
+        let charged = |ok: bool| {
+            if let (Some(g), false) = (memcg, ok) {
+                g.memory.uncharge(1);
+            }
+        };
         let release = || {
             if let Err(err) = dev.swapcache_clear(entry) {
                 mm.swap_bad_entry(entry, &err);
             }
         };
+        if let Some(g) = memcg {
+            if let Err(err) = crate::memcontrol::try_charge(g, 1, 0) {
+                release();
+                return Err(err);
+            }
+        }
         // The slot is about to hold another page's content: only this PTE may
         // reference it.
         if changed() || dev.swap_count(entry).ok() != Some(1) {
+            charged(false);
             release();
             return if changed() { Ok(()) } else { Err(no_memory) };
         }
         let shadow = dev.swap_shadow(entry);
         let mut buf = vec![0u8; PAGE_SIZE];
         if let Err(err) = dev.swap_readpage(entry, &mut buf) {
+            charged(false);
             release();
             return Err(read_err(vmf.addr, entry, err));
         }
         let Some((mut lock, nid, victim_state)) =
             crate::vmscan::exchange_victim(mm, dev, entry, &buf)
         else {
+            charged(false);
             release();
             return Err(no_memory);
         };
         let page = lock.pfn();
+        // The victim's charge goes with its mapping; the frame is this
+        // space's now.
+        crate::memcontrol::uncharge_batch(mm, &[(page, 0)]);
+        if let Some(g) = memcg {
+            mm.memcg().set_owner(page.get(), g.id);
+        }
         // The victim's shadow replaces this page's in the slot.
         let sh = crate::workingset::workingset_eviction(mm, nid, victim_state);
         dev.set_swap_shadow(entry, sh.pack());
@@ -273,6 +307,7 @@ impl SpaceInner {
             // Unmapped meanwhile (its slot reference went with the PTE): the
             // frame is nobody's.
             rmap::clear(mm, page);
+            crate::memcontrol::uncharge_batch(mm, &[(page, 0)]);
             mm.unpin_page(page);
         }
         release();
@@ -306,6 +341,11 @@ impl SpaceInner {
         let mm = &self.mm;
         let page = lock.pfn();
         let va = vmf.addr & !(PAGE - 1);
+        // Read ahead uncharged: charged when a fault maps it.
+        if let Some(g) = self.memcg() {
+            crate::memcontrol::try_charge(g, 1, 0)?;
+            mm.memcg().set_owner(page.get(), g.id);
+        }
         rmap::set(mm, page, self.id, va);
         let pte = leaf(page, false).with(self.fault_bits(vmf));
         if slot
@@ -314,6 +354,7 @@ impl SpaceInner {
         {
             // The PTE changed meanwhile: the page stays read ahead.
             rmap::clear(mm, page);
+            crate::memcontrol::uncharge_batch(mm, &[(page, 0)]);
             return Ok(());
         }
         desc(mm, page).clear_flag(PG_READAHEAD);

@@ -72,6 +72,9 @@ impl<'a> MmuGather<'a> {
             // Order-0 pages and huge heads alike may be on a list.
             let lru: Vec<u32> = self.batch.iter().map(|&(p, _)| p.get() as u32).collect();
             self.mm.lru().remove_batch(self.mm, &lru);
+            // Their charges, one counter update per group (Linux's
+            // `uncharge_batch` in `folios_put_refs`).
+            crate::memcontrol::uncharge_batch(self.mm, &self.batch);
             self.mm.put_pages_bulk(&self.batch);
             self.batch.clear();
         }

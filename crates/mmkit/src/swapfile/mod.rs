@@ -138,6 +138,8 @@ pub(crate) struct SwapInfoStruct {
     /// (T) In the table (false once `swapoff` removed it).
     pub(crate) on: AtomicBool,
     pub(crate) totals: Arc<SwapTotals>,
+    /// (A) Per slot: the memory cgroup charged for it (0: the root).
+    pub(crate) memcg_owner: Box<[std::sync::atomic::AtomicU16]>,
 }
 
 impl SwapInfoStruct {
@@ -238,6 +240,11 @@ impl SwapDevices {
             #[cfg(test)]
             table_reads: Default::default(),
         }
+    }
+
+    /// Lets freed slots uncharge their memory cgroups (set once, at build).
+    pub(crate) fn set_memcg(&self, t: Arc<crate::memcontrol::MemCgTable>) {
+        let _ = self.totals.memcg.set(t);
     }
 
     /// Reads the device table (counted in tests: see `table_reads`).
@@ -385,6 +392,9 @@ impl SwapDevices {
             writeok: AtomicBool::new(true),
             on: AtomicBool::new(true),
             totals: self.totals.clone(),
+            memcg_owner: (0..nr_slots)
+                .map(|_| std::sync::atomic::AtomicU16::new(0))
+                .collect(),
         });
         self.totals
             .total

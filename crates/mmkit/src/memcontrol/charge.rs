@@ -1,0 +1,449 @@
+//! Charging and uncharging (Linux's `try_charge_memcg`, `consume_stock` /
+//! `refill_stock`, `mem_cgroup_handle_over_high`, `uncharge_batch`,
+//! `__mem_cgroup_try_charge_swap` / `__mem_cgroup_uncharge_swap`).
+//!
+//! The fault path charges a group before it publishes its pages; a charge is
+//! served from this CPU's stock when the stock holds enough pages for the
+//! group, and otherwise charges a batch of [`CHARGE_BATCH`] pages up the
+//! tree and keeps the rest in the stock. Over `max`: the stocks are drained
+//! once, then the group over its limit is reclaimed in the charging thread
+//! (up to [`MAX_RECLAIM_RETRIES`] rounds) and the charge fails with
+//! `NoMemory` (`events.max`, then `events.oom`). Over `high` after a
+//! successful charge: the charging thread reclaims from every ancestor over
+//! its `high` (`events.high`), then sleeps Linux's penalty, at most
+//! [`MAX_HIGH_DELAY`].
+//!
+//! Invariants: what a stock holds is charged to its group and counted in its
+//! `current` (so `current` >= the pages whose owner is the group); a charge
+//! never leaves `current` above `max` (the counter's compare-and-swap); an
+//! uncharge takes exactly what the matching charge added (a huge page 512).
+//!
+//! Locking: a CPU's stock mutex, then (to drain an evicted slot) the group
+//! table's read lock; reclaim and the throttle sleep run with neither held.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use mmkit_core::page_counter::PageCounter;
+use mmkit_core::Platform;
+
+use super::stat::{Event, Stall};
+use super::{to_bytes, MemCgInner, MemCgTable};
+use crate::{Error, Mm, Pfn, StdPlatform};
+
+/// Pages charged at once ahead of need (Linux's `MEMCG_CHARGE_BATCH`).
+pub(crate) const CHARGE_BATCH: u64 = 64;
+/// Groups one CPU's stock serves at once (Linux's `NR_MEMCG_STOCK`).
+const NR_STOCK: usize = 4;
+/// Reclaim rounds before a charge over `max` fails (`MAX_RECLAIM_RETRIES`).
+pub(crate) const MAX_RECLAIM_RETRIES: usize = 16;
+/// Longest `high` throttle per charge (Linux's `MEMCG_MAX_HIGH_DELAY_JIFFIES`).
+pub(crate) const MAX_HIGH_DELAY: Duration = Duration::from_secs(2);
+
+/// One CPU's pages charged ahead (Linux's `memcg_stock_pcp`): a few (group,
+/// pages) slots.
+#[derive(Default)]
+pub(crate) struct Stock {
+    slots: [(u16, u32); NR_STOCK],
+    /// The slot the next eviction takes.
+    next: usize,
+}
+
+impl MemCgTable {
+    fn stock(&self) -> &parking_lot::Mutex<Stock> {
+        &self.stocks[StdPlatform::cpu_id() % self.stocks.len()]
+    }
+}
+
+/// Linux's `consume_stock`: takes `nr` pages charged ahead for `g` on this CPU.
+#[inline]
+fn consume_stock(table: &MemCgTable, g: &MemCgInner, nr: u64) -> bool {
+    if nr > CHARGE_BATCH {
+        return false;
+    }
+    let mut s = table.stock().lock();
+    for slot in s.slots.iter_mut() {
+        if slot.0 == g.id && u64::from(slot.1) >= nr {
+            slot.1 -= nr as u32;
+            return true;
+        }
+    }
+    false
+}
+
+/// Linux's `refill_stock`: keeps `nr` charged pages of `g` on this CPU; a
+/// slot over [`CHARGE_BATCH`] gives the excess back, and a full stock evicts
+/// a slot (uncharged).
+fn refill_stock(table: &MemCgTable, g: &MemCgInner, nr: u64) {
+    let mut back = None;
+    {
+        let mut s = table.stock().lock();
+        let i = match s.slots.iter().position(|x| x.0 == g.id) {
+            Some(i) => i,
+            None => match s.slots.iter().position(|x| x.0 == 0) {
+                Some(i) => i,
+                None => {
+                    let i = s.next;
+                    s.next = (i + 1) % NR_STOCK;
+                    back = Some(s.slots[i]);
+                    s.slots[i] = (0, 0);
+                    i
+                }
+            },
+        };
+        let slot = &mut s.slots[i];
+        slot.0 = g.id;
+        let total = u64::from(slot.1) + nr;
+        if total > CHARGE_BATCH {
+            slot.1 = 0;
+            g.memory.uncharge(total);
+        } else {
+            slot.1 = total as u32;
+        }
+    }
+    if let Some((id, n)) = back.filter(|&(_, n)| n > 0) {
+        if let Some(other) = table.get(id) {
+            other.memory.uncharge(n.into());
+        }
+    }
+}
+
+/// Gives back every CPU's stocked pages of `g` and of its descendants
+/// (Linux's `drain_all_stock`); returns the pages uncharged.
+pub(crate) fn drain_all_stock(table: &MemCgTable, g: &MemCgInner) -> u64 {
+    let mut taken = Vec::new();
+    for s in table.stocks.iter() {
+        let mut s = s.lock();
+        for slot in s.slots.iter_mut().filter(|x| x.0 != 0 && x.1 > 0) {
+            taken.push(*slot);
+            *slot = (0, 0);
+        }
+    }
+    let mut freed = 0;
+    for (id, n) in taken {
+        match table.get(id) {
+            Some(x) if x.is_descendant(g) => {
+                x.memory.uncharge(n.into());
+                freed += u64::from(n);
+            }
+            Some(x) => refill_back(table, &x, n),
+            None => {}
+        }
+    }
+    freed
+}
+
+/// A slot of another group taken by a drain goes back to its counter.
+fn refill_back(_table: &MemCgTable, g: &MemCgInner, n: u32) {
+    g.memory.uncharge(n.into());
+}
+
+/// Gives back the stocked pages of a group being freed (`&mut`: no handle is
+/// left, so no charge for it can race).
+pub(super) fn drain_stock_of(table: &MemCgTable, g: &MemCgInner) {
+    for s in table.stocks.iter() {
+        let mut s = s.lock();
+        for slot in s.slots.iter_mut().filter(|x| x.0 == g.id) {
+            g.memory.uncharge(slot.1.into());
+            *slot = (0, 0);
+        }
+    }
+}
+
+/// Pages the stocks hold for `g` now (a snapshot).
+pub(super) fn stocked(table: &MemCgTable, g: &MemCgInner) -> u64 {
+    table
+        .stocks
+        .iter()
+        .map(|s| {
+            s.lock()
+                .slots
+                .iter()
+                .filter(|x| x.0 == g.id)
+                .map(|x| u64::from(x.1))
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// The group whose counter is `c`, among `g` and its ancestors.
+fn group_of<'a>(g: &'a MemCgInner, c: &PageCounter) -> &'a MemCgInner {
+    let mut x = g;
+    loop {
+        if std::ptr::eq(&x.memory, c) {
+            return x;
+        }
+        match x.parent() {
+            Some(p) => x = p,
+            None => return g,
+        }
+    }
+}
+
+/// Linux's `try_charge_memcg`: `nr` pages for a fault of `g`'s space, or
+/// `NoMemory` (`order` for the error) when `g` or an ancestor stays at its
+/// `max` after reclaim. Nothing is charged on failure.
+pub(crate) fn try_charge(g: &MemCgInner, nr: u64, order: u32) -> Result<(), Error> {
+    let table = g.mm.memcg();
+    if consume_stock(table, g, nr) {
+        return Ok(());
+    }
+    g.stats.active();
+    let mut batch = nr.max(CHARGE_BATCH);
+    let mut drained = false;
+    let mut retries = MAX_RECLAIM_RETRIES;
+    loop {
+        let over = match g.memory.try_charge(batch) {
+            Ok(()) => break,
+            Err(c) => group_of(g, c),
+        };
+        if batch > nr {
+            batch = nr; // the exact amount may still fit
+            continue;
+        }
+        over.stats.event(Event::Max);
+        if retries == 0 {
+            over.stats.event(Event::Oom);
+            return Err(Error::NoMemory { order });
+        }
+        retries -= 1;
+        {
+            let _stall = Stall::enter(g);
+            super::reclaim_pages(over, nr);
+        }
+        if over.memory.max().saturating_sub(over.memory.usage()) >= nr {
+            continue;
+        }
+        if !drained {
+            drained = true;
+            drain_all_stock(table, over);
+            continue;
+        }
+        // A huge page falls back to order 0 rather than retrying (Linux's
+        // THP charges are `__GFP_NORETRY`).
+        if nr > 8 {
+            return Err(Error::NoMemory { order });
+        }
+    }
+    if batch > nr {
+        refill_stock(table, g, batch - nr);
+    }
+    handle_over_high(g, batch);
+    Ok(())
+}
+
+/// Linux's `mem_cgroup_handle_over_high` at the end of a charge of
+/// `nr` pages: every ancestor over its `high` is reclaimed toward it
+/// (`events.high`), then, if that did not bring the group back, the thread
+/// sleeps Linux's penalty (quadratic in the overage, scaled by the charge),
+/// at most [`MAX_HIGH_DELAY`].
+fn handle_over_high(g: &MemCgInner, nr: u64) {
+    let mut x = Some(g);
+    let mut over = false;
+    while let Some(c) = x {
+        if c.memory.usage() > c.memory.high() {
+            over = true;
+            break;
+        }
+        x = c.parent().map(|p| &**p);
+    }
+    if !over {
+        return;
+    }
+    let _stall = Stall::enter(g);
+    let mut x = Some(g);
+    while let Some(c) = x {
+        let (usage, high) = (c.memory.usage(), c.memory.high());
+        if usage > high {
+            c.stats.event(Event::High);
+            super::reclaim_pages(c, (usage - high).min(nr.max(CHARGE_BATCH)));
+        }
+        x = c.parent().map(|p| &**p);
+    }
+    let delay = penalty(g, nr);
+    if !delay.is_zero() {
+        std::thread::sleep(delay);
+    }
+}
+
+/// Linux's `calculate_high_delay`: the largest overage of `g` and its
+/// ancestors (`(usage - high) << 20 / high`), squared and scaled to one
+/// second (`HZ`) >> 14, times `nr / CHARGE_BATCH`; capped at
+/// [`MAX_HIGH_DELAY`], nothing under 10 ms (the next charge pays it).
+pub(crate) fn penalty(g: &MemCgInner, nr: u64) -> Duration {
+    let mut overage = 0u64;
+    let mut x = Some(g);
+    while let Some(c) = x {
+        let (usage, high) = (c.memory.usage(), c.memory.high().max(1));
+        if usage > high {
+            overage = overage.max(((usage - high) << 20) / high);
+        }
+        x = c.parent().map(|p| &**p);
+    }
+    if overage == 0 {
+        return Duration::ZERO;
+    }
+    let ms = (overage.saturating_mul(overage).saturating_mul(1000) >> 20 >> 14).saturating_mul(nr)
+        / CHARGE_BATCH;
+    let d = Duration::from_millis(ms).min(MAX_HIGH_DELAY);
+    if d <= Duration::from_millis(10) {
+        Duration::ZERO
+    } else {
+        d
+    }
+}
+
+/// Uncharges the blocks of a free batch (the mmu_gather's flush, reclaim):
+/// each block's owner is cleared and its group uncharged `2^order` pages,
+/// one counter update per group.
+pub(crate) fn uncharge_batch(mm: &Mm, blocks: &[(Pfn, u32)]) {
+    let table = mm.memcg();
+    if !table.in_use() {
+        return;
+    }
+    let mut per: Vec<(u16, u64)> = Vec::new();
+    for &(p, order) in blocks {
+        let id = table.take_owner(p.get());
+        if id == 0 {
+            continue;
+        }
+        match per.iter_mut().find(|x| x.0 == id) {
+            Some(x) => x.1 += 1 << order,
+            None => per.push((id, 1 << order)),
+        }
+    }
+    for (id, n) in per {
+        if let Some(g) = table.get(id) {
+            g.memory.uncharge(n);
+        }
+    }
+}
+
+/// Charges one swap slot to the owner of the page `pfn` going out (Linux's
+/// `__mem_cgroup_try_charge_swap`): the owner id to record on the slot, 0 for
+/// the root; `Err` (`swap.events max`, the page stays resident) when the
+/// group or an ancestor is at its `swap.max`.
+pub(crate) fn try_charge_swap(mm: &Mm, pfn: Pfn) -> Result<u16, ()> {
+    let table = mm.memcg();
+    if !table.in_use() {
+        return Ok(0);
+    }
+    let id = table.owner(pfn.get());
+    if id == 0 {
+        return Ok(0);
+    }
+    let Some(g) = table.get(id) else { return Ok(0) };
+    match g.swap.try_charge(1) {
+        Ok(()) => Ok(id),
+        Err(_) => {
+            g.stats.event(Event::SwapMax);
+            Err(())
+        }
+    }
+}
+
+/// A slot charged to group `id` was freed (Linux's `__mem_cgroup_uncharge_swap`).
+pub(crate) fn uncharge_swap(table: &MemCgTable, id: u16) {
+    if let Some(g) = table.get(id) {
+        g.swap.uncharge(1);
+    }
+}
+
+/// Linux's `memory_max_write`: the limit is set once the usage fits under
+/// it; until then the stocks are drained once and the group reclaimed, up to
+/// [`MAX_RECLAIM_RETRIES`] rounds without progress; then `Err` with the old
+/// limit in place.
+pub(super) fn set_max(g: &MemCgInner, pages: u64, bytes: u64) -> Result<(), Error> {
+    let table = g.mm.memcg();
+    let mut drained = false;
+    let mut fruitless = 0;
+    loop {
+        let usage = match g.memory.set_max(pages) {
+            Ok(()) => return Ok(()),
+            Err(usage) => usage,
+        };
+        if !drained {
+            drained = true;
+            drain_all_stock(table, g);
+            continue;
+        }
+        if fruitless >= MAX_RECLAIM_RETRIES {
+            g.stats.event(Event::Oom);
+            return Err(Error::LimitBelowUsage {
+                group: g.id.into(),
+                what: "memory.max",
+                bytes,
+                usage: to_bytes(usage),
+            });
+        }
+        let freed = {
+            let _stall = Stall::enter(g);
+            super::reclaim_pages(g, usage - pages)
+        };
+        if freed == 0 {
+            fruitless += 1;
+        }
+    }
+}
+
+/// `memory.reclaim`: up to `pages` from `g`'s subtree; the pages freed.
+pub(super) fn reclaim(g: &MemCgInner, pages: u64) -> u64 {
+    let _stall = Stall::enter(g);
+    let mut done = 0;
+    let mut fruitless = 0;
+    while done < pages && fruitless < MAX_RECLAIM_RETRIES {
+        let n = super::reclaim_pages(g, pages - done);
+        if n == 0 {
+            fruitless += 1;
+        }
+        done += n;
+    }
+    if done < pages {
+        // What the stocks hold is charged but unused: it counts too.
+        done += drain_all_stock(g.mm.memcg(), g).min(pages - done);
+    }
+    done
+}
+
+/// The group's pages charged ahead on all CPUs (for `stat()`).
+pub(super) fn nr_stocked(g: &MemCgInner) -> u64 {
+    stocked(g.mm.memcg(), g)
+}
+
+/// Sanity of the counters of a quiet `Mm` (`check()`): every group's usage
+/// equals the pages owned by it and its descendants plus their stocks.
+pub(crate) fn check(mm: &Mm) -> Result<(), String> {
+    let table = mm.memcg();
+    if !table.in_use() {
+        return Ok(());
+    }
+    let groups = table.all();
+    let mut own = vec![0u64; groups.iter().map(|g| g.id as usize + 1).max().unwrap_or(1)];
+    for (pfn, o) in table.owner.iter().enumerate() {
+        let id = o.load(Ordering::Relaxed);
+        if id != 0 {
+            let order = crate::pgtable::desc(mm, Pfn::new(pfn as u64)).order();
+            if let Some(x) = own.get_mut(id as usize) {
+                *x += 1 << order;
+            } else {
+                return Err(format!("pfn {pfn} owned by group {id}, which is gone"));
+            }
+        }
+    }
+    for g in &groups {
+        let mine: u64 = groups
+            .iter()
+            .filter(|x| x.is_descendant(g))
+            .map(|x| own[x.id as usize] + stocked(table, x))
+            .sum();
+        if mine != g.memory.usage() {
+            return Err(format!(
+                "memory cgroup {}: usage {} pages, its pages and stocks {}",
+                g.id,
+                g.memory.usage(),
+                mine
+            ));
+        }
+    }
+    Ok(())
+}
