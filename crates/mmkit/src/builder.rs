@@ -512,7 +512,9 @@ impl MmBuilder {
         for z in alloc.zone_info() {
             wmark_high[z.node.min(nr_nodes - 1)] += z.wmark[2];
         }
-        let memcg = Arc::new(crate::memcontrol::MemCgTable::new(nr_pages, nr_cpus));
+        let memcg = Arc::new(crate::memcontrol::MemCgTable::new(
+            nr_pages, nr_nodes, nr_cpus,
+        ));
         let inner = Arc::new(MmInner {
             alloc,
             arena,

@@ -18,6 +18,13 @@
 //! next contention point of the swap-slot series (docs/upstream.md) once the swap cache's was gone). Ageing is
 //! per shard: the tail of a shard is the oldest of that shard.
 //!
+//! With memory cgroups, each group has lists of its own on every node (an
+//! [`Lruvec`], Linux's lruvec per memcg and node), with the same shards; the
+//! root's are this struct's. A frame's lists are its owner's
+//! (`memcontrol::MemCgTable::owner`), which is set before the frame is
+//! mapped and cleared only after it left the lists, so every operation on a
+//! page finds the same lists. Without groups, no owner is looked up.
+//!
 //! Invariants (all under the LRU lock of the frame's shard):
 //! - a frame is on a list only if it is an allocated order-0 page mapped by some
 //!   space (`mapping != 0`), or the head of a mapped huge page (Linux's large
@@ -65,15 +72,80 @@ pub(crate) const MAX_LRU_SHARDS: usize = 16;
 /// A shard holds whole blocks of this order (2 MiB).
 const SHARD_BLOCK_ORDER: u32 = 9;
 
-/// The anonymous LRU of one Mm: per-node lists, per-CPU add batches. Fields
-/// read without their lock carry a locking letter (legend in `rmap.rs`).
-pub(crate) struct Lru {
-    links: LruLinks,
+/// The lists of one memory cgroup (or the root) on every node: Linux's
+/// lruvecs of one memcg, each split into the LRU's shards.
+pub(crate) struct Lruvec {
     /// Per node, `shards` shards: index `nid * shards + shard`.
-    nodes: Box<[CachePadded<StatLock<SetLists>>]>,
-    shards: usize,
+    sets: Box<[CachePadded<StatLock<SetLists>>]>,
     /// Per node: the shard the next isolation starts from.
     cursor: Box<[CachePadded<std::sync::atomic::AtomicUsize>]>,
+    /// (L) Per shard: (active, inactive) lengths as of the last unlock, so that
+    /// reclaim's sizing decisions never take a lock (Linux's lruvec sizes):
+    /// written under the shard's lock, read without it.
+    lens: Box<[CachePadded<[AtomicU64; 2]>]>,
+}
+
+impl Lruvec {
+    fn new(nr_nodes: usize, shards: usize) -> Lruvec {
+        Lruvec {
+            sets: (0..nr_nodes * shards)
+                .map(|_| CachePadded::new(StatLock::new(SetLists::default())))
+                .collect(),
+            cursor: (0..nr_nodes)
+                .map(|_| CachePadded::new(std::sync::atomic::AtomicUsize::new(0)))
+                .collect(),
+            lens: (0..nr_nodes * shards)
+                .map(|_| CachePadded::new([AtomicU64::new(0), AtomicU64::new(0)]))
+                .collect(),
+        }
+    }
+
+    /// `(active, inactive)` pages on node `nid`'s lists of this lruvec.
+    pub(crate) fn nr_pages(&self, lru: &Lru, nid: usize) -> (u64, u64) {
+        let first = lru.node(nid) * lru.shards;
+        self.lens[first..first + lru.shards]
+            .iter()
+            .fold((0, 0), |(a, i), l| {
+                (
+                    a + l[0].load(Ordering::Relaxed),
+                    i + l[1].load(Ordering::Relaxed),
+                )
+            })
+    }
+}
+
+/// The lruvec of a frame: the root's, or its group's (held alive).
+pub(crate) enum VecRef {
+    Root,
+    Group(std::sync::Arc<crate::memcontrol::MemCgInner>),
+}
+
+impl VecRef {
+    pub(crate) fn get<'a>(&'a self, lru: &'a Lru) -> &'a Lruvec {
+        match self {
+            VecRef::Root => &lru.root,
+            VecRef::Group(g) => &g.lruvec,
+        }
+    }
+
+    /// The group (`None` for the root).
+    pub(crate) fn group(&self) -> Option<&crate::memcontrol::MemCgInner> {
+        match self {
+            VecRef::Root => None,
+            VecRef::Group(g) => Some(g),
+        }
+    }
+}
+
+/// The anonymous LRU of one Mm: per-node lists (the root's, and each memory
+/// cgroup's `Lruvec`), per-CPU add batches. Fields read without their lock
+/// carry a locking letter (legend in `rmap.rs`).
+pub(crate) struct Lru {
+    links: LruLinks,
+    /// The root's lists (every page when there are no groups).
+    root: Lruvec,
+    shards: usize,
+    nr_nodes: usize,
     lock_stats: LockClassStats,
     batches: Box<[CachePadded<parking_lot::Mutex<Vec<u32>>>]>,
     /// (A) Per node: pages isolated from its lists by reclaimers now (Linux's
@@ -83,10 +155,6 @@ pub(crate) struct Lru {
     /// Reclaimers inside `shrink_node` now (kswapd and direct), for
     /// `Mm::wait_reclaim_idle`.
     pub(crate) active_reclaimers: AtomicU64,
-    /// (L) Per shard: (active, inactive) lengths as of the last unlock, so that
-    /// reclaim's sizing decisions never take a lock (Linux's lruvec sizes):
-    /// written under the shard's lock, read without it.
-    lens: Box<[CachePadded<[AtomicU64; 2]>]>,
     /// The eviction policy (`mmkit_core::lru_policy`).
     pub(crate) policy: LruPolicy,
     /// Per node: the refault clocks (`workingset.rs`).
@@ -181,23 +249,16 @@ impl Lru {
         };
         Lru {
             links: LruLinks::new(nr_pages as usize),
-            nodes: (0..nr_nodes * shards)
-                .map(|_| CachePadded::new(StatLock::new(SetLists::default())))
-                .collect(),
+            root: Lruvec::new(nr_nodes, shards),
             shards,
+            nr_nodes,
             active_reclaimers: AtomicU64::new(0),
-            cursor: (0..nr_nodes)
-                .map(|_| CachePadded::new(std::sync::atomic::AtomicUsize::new(0)))
-                .collect(),
             lock_stats: LockClassStats::new(),
             batches: (0..nr_cpus.max(1))
                 .map(|_| CachePadded::new(parking_lot::Mutex::new(Vec::new())))
                 .collect(),
             isolated: (0..nr_nodes)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
-                .collect(),
-            lens: (0..nr_nodes * shards)
-                .map(|_| CachePadded::new([AtomicU64::new(0), AtomicU64::new(0)]))
                 .collect(),
             policy,
             workingset: crate::workingset::NodeAges::new(nr_nodes),
@@ -215,25 +276,62 @@ impl Lru {
         self.links.set_state(pfn.get() as u32, v);
     }
 
-    /// Locks list set `i` (`nid * shards + shard`).
-    fn lock<'a>(&'a self, mm: &'a Mm, i: usize) -> Locked<'a> {
+    /// Locks list set `i` (`nid * shards + shard`) of `vec`.
+    fn lock<'a>(&'a self, mm: &'a Mm, vec: &'a Lruvec, i: usize) -> Locked<'a> {
         Locked {
             links: &self.links,
             mm,
-            g: self.nodes[i].lock(&self.lock_stats),
-            lens: &self.lens[i],
+            g: vec.sets[i].lock(&self.lock_stats),
+            lens: &vec.lens[i],
         }
     }
 
     fn nr_nodes(&self) -> usize {
-        self.nodes.len() / self.shards
+        self.nr_nodes
+    }
+
+    /// Empty lists for a new memory cgroup.
+    pub(crate) fn new_lruvec(&self) -> Lruvec {
+        Lruvec::new(self.nr_nodes, self.shards)
+    }
+
+    /// The root's lists.
+    pub(crate) fn root(&self) -> &Lruvec {
+        &self.root
+    }
+
+    /// The lruvec of the group with id `owner` (0: the root's). A group with
+    /// pages charged is alive.
+    fn vec_of_owner(&self, mm: &Mm, owner: u16) -> VecRef {
+        if owner == 0 {
+            return VecRef::Root;
+        }
+        match mm.memcg().get(owner) {
+            Some(g) => VecRef::Group(g),
+            None => {
+                debug_assert!(false, "a page owned by memory cgroup {owner}, gone");
+                VecRef::Root
+            }
+        }
+    }
+
+    /// The owner of frame `pfn` (0 without groups).
+    #[inline]
+    fn owner_of(mm: &Mm, pfn: u32) -> u16 {
+        let t = mm.memcg();
+        if t.in_use() {
+            t.owner(pfn.into())
+        } else {
+            0
+        }
     }
 
     fn node(&self, nid: usize) -> usize {
         nid.min(self.nr_nodes() - 1)
     }
 
-    /// The list set of frame `pfn`: its node's, the shard of its 2 MiB block.
+    /// The list set of frame `pfn` in its lruvec: its node's, the shard of
+    /// its 2 MiB block.
     fn set_of(&self, mm: &Mm, pfn: u32) -> usize {
         let nid = self.node(mm.node_of(Pfn::new(pfn as u64)));
         nid * self.shards + ((pfn >> SHARD_BLOCK_ORDER) as usize & (self.shards - 1))
@@ -243,9 +341,9 @@ impl Lru {
     /// isolated than its inactive list has left, so another direct reclaimer
     /// would find little to do but make the others' batches smaller (kswapd is
     /// never throttled).
-    pub(crate) fn too_many_isolated(&self, nid: usize) -> bool {
+    pub(crate) fn too_many_isolated(&self, mm: &Mm, nid: usize) -> bool {
         let isolated = self.nr_isolated(nid);
-        isolated > 0 && isolated > self.nr_pages(nid).1
+        isolated > 0 && isolated > self.nr_pages(mm, nid).1
     }
 
     /// Pages of node `nid` isolated by reclaimers now.
@@ -270,17 +368,16 @@ impl Lru {
         self.lock_stats.snapshot()
     }
 
-    /// `(active, inactive)` pages on node `nid`'s lists.
-    pub(crate) fn nr_pages(&self, nid: usize) -> (u64, u64) {
-        let first = self.node(nid) * self.shards;
-        self.lens[first..first + self.shards]
-            .iter()
-            .fold((0, 0), |(a, i), l| {
-                (
-                    a + l[0].load(Ordering::Relaxed),
-                    i + l[1].load(Ordering::Relaxed),
-                )
-            })
+    /// `(active, inactive)` pages on node `nid`'s lists, every group's.
+    pub(crate) fn nr_pages(&self, mm: &Mm, nid: usize) -> (u64, u64) {
+        let mut n = self.root.nr_pages(self, nid);
+        if mm.memcg().in_use() {
+            for g in mm.memcg().all() {
+                let (a, i) = g.lruvec.nr_pages(self, nid);
+                n = (n.0 + a, n.1 + i);
+            }
+        }
+        n
     }
 
     /// Linux's `lru_add_drain`: this CPU's batch to the lists.
@@ -352,10 +449,14 @@ impl Lru {
     /// Runs `f` on each pfn under its list set's lock, taking each lock once
     /// (the pfns of one batch share a few sets).
     fn per_set(&self, mm: &Mm, pfns: &[u32], mut f: impl FnMut(&mut Locked<'_>, u32)) {
-        let mut keyed: Vec<(usize, u32)> = pfns.iter().map(|&p| (self.set_of(mm, p), p)).collect();
+        let mut keyed: Vec<((u16, usize), u32)> = pfns
+            .iter()
+            .map(|&p| ((Self::owner_of(mm, p), self.set_of(mm, p)), p))
+            .collect();
         keyed.sort_unstable_by_key(|&(k, _)| k);
         for run in keyed.chunk_by(|a, b| a.0 == b.0) {
-            let mut l = self.lock(mm, run[0].0);
+            let vec = self.vec_of_owner(mm, run[0].0 .0);
+            let mut l = self.lock(mm, vec.get(self), run[0].0 .1);
             for &(_, p) in run {
                 f(&mut l, p);
             }
@@ -383,12 +484,14 @@ impl Lru {
             linkable(mm, new.get() as u32),
             "replace by a page not mapped"
         );
-        let mut l = self.lock(mm, self.set_of(mm, old.get() as u32));
+        let vec = self.vec_of_owner(mm, Self::owner_of(mm, old.get() as u32));
+        let mut l = self.lock(mm, vec.get(self), self.set_of(mm, old.get() as u32));
         let list = l.del(old.get() as u32).unwrap_or(LruList::Inactive);
         let st = l.links.state(old.get() as u32) & !LRU_ACTIVATE;
         desc(mm, old).clear_flag(PG_LRU);
         drop(l);
-        let mut l = self.lock(mm, self.set_of(mm, new.get() as u32));
+        let vec = self.vec_of_owner(mm, Self::owner_of(mm, new.get() as u32));
+        let mut l = self.lock(mm, vec.get(self), self.set_of(mm, new.get() as u32));
         if !l.on_lru(new.get() as u32) {
             l.links.set_state(new.get() as u32, st);
             l.add(new.get() as u32, list);
@@ -403,9 +506,17 @@ impl Lru {
     /// to `out`.
     /// The shards are taken in turn from the node's cursor: a call takes from
     /// one shard, and from the next ones only while it still wants pages.
-    pub(crate) fn isolate(&self, mm: &Mm, nid: usize, list: LruList, n: usize, out: &mut Vec<Pfn>) {
+    pub(crate) fn isolate(
+        &self,
+        mm: &Mm,
+        vec: &Lruvec,
+        nid: usize,
+        list: LruList,
+        n: usize,
+        out: &mut Vec<Pfn>,
+    ) {
         let nid = self.node(nid);
-        let start = self.cursor[nid].fetch_add(1, Ordering::Relaxed);
+        let start = vec.cursor[nid].fetch_add(1, Ordering::Relaxed);
         // Pages taken (a huge entry counts 512, as Linux's `nr_taken`), and
         // entries (what `end_isolation` will count).
         let (mut got, mut entries) = (0, 0);
@@ -414,11 +525,11 @@ impl Lru {
                 break;
             }
             let set = nid * self.shards + (start + k) % self.shards;
-            let len = &self.lens[set][usize::from(list == LruList::Inactive)];
+            let len = &vec.lens[set][usize::from(list == LruList::Inactive)];
             if len.load(Ordering::Relaxed) == 0 {
                 continue;
             }
-            let mut l = self.lock(mm, set);
+            let mut l = self.lock(mm, vec, set);
             while got < n {
                 let Some(pfn) = l.g.lists.tail(list) else {
                     break;
@@ -441,13 +552,17 @@ impl Lru {
     /// the list given, those still mapped; the caller then drops the isolation
     /// references.
     pub(crate) fn putback(&self, mm: &Mm, pages: &[(Pfn, LruList)]) {
-        let mut keyed: Vec<(usize, Pfn, LruList)> = pages
+        let mut keyed: Vec<((u16, usize), Pfn, LruList)> = pages
             .iter()
-            .map(|&(p, list)| (self.set_of(mm, p.get() as u32), p, list))
+            .map(|&(p, list)| {
+                let pfn = p.get() as u32;
+                ((Self::owner_of(mm, pfn), self.set_of(mm, pfn)), p, list)
+            })
             .collect();
         keyed.sort_by_key(|&(k, _, _)| k);
         for run in keyed.chunk_by(|a, b| a.0 == b.0) {
-            let mut l = self.lock(mm, run[0].0);
+            let vec = self.vec_of_owner(mm, run[0].0 .0);
+            let mut l = self.lock(mm, vec.get(self), run[0].0 .1);
             for &(_, p, list) in run {
                 let pfn = p.get() as u32;
                 if !l.on_lru(pfn) && linkable(mm, pfn) {
@@ -462,9 +577,26 @@ impl Lru {
     /// frame on a list is allocated (order 0 or a huge head), and the pages the
     /// huge entries stand for (quiescent).
     pub(crate) fn check(&self, mm: &Mm) -> Result<(), String> {
-        for set in 0..self.nodes.len() {
+        let mut vecs = vec![(0u16, VecRef::Root)];
+        if mm.memcg().in_use() {
+            vecs.extend(
+                mm.memcg()
+                    .all()
+                    .into_iter()
+                    .map(|g| (g.id, VecRef::Group(g))),
+            );
+        }
+        for (id, v) in &vecs {
+            self.check_lruvec(mm, *id, v.get(self))?;
+        }
+        Ok(())
+    }
+
+    /// `check` of one lruvec, whose pages must all be owned by group `id`.
+    fn check_lruvec(&self, mm: &Mm, id: u16, vec: &Lruvec) -> Result<(), String> {
+        for set in 0..vec.sets.len() {
             let nid = set / self.shards;
-            let l = self.lock(mm, set);
+            let l = self.lock(mm, vec, set);
             for list in [LruList::Inactive, LruList::Active] {
                 let mut extra = 0;
                 l.g.lists
@@ -482,10 +614,15 @@ impl Lru {
                         if l.links.state(p) & LRU_ACTIVATE != 0 {
                             return Err("linked with its lru_add placement hint left");
                         }
+                        if Self::owner_of(mm, p) != id {
+                            return Err("on the lists of another memory cgroup than its owner");
+                        }
                         extra += extra_pages(mm, p);
                         Ok(())
                     })
-                    .map_err(|(p, e)| format!("LRU of node {nid}, {list:?} list: pfn {p}: {e}"))?;
+                    .map_err(|(p, e)| {
+                        format!("LRU of group {id}, node {nid}, {list:?} list: pfn {p}: {e}")
+                    })?;
                 if extra != l.g.huge_extra[list as usize] {
                     return Err(format!(
                         "LRU of node {nid}, {list:?} list: huge entries stand for {extra} \
@@ -534,7 +671,7 @@ mod tests {
         mm.lru().drain_all(&mm);
         let d = desc(&mm, again);
         assert!(!d.test_flag(PG_LRU) && !d.test_flag(PG_LRU_ADD));
-        assert_eq!(mm.lru().nr_pages(0), (0, 0));
+        assert_eq!(mm.lru().nr_pages(&mm, 0), (0, 0));
         rmap::clear(&mm, again);
         mm.free_pages(again, 0).unwrap();
         for p in held {

@@ -149,8 +149,9 @@ fn migrate_one(
     }
     rmap::set(mm, dst, m.space.id(), m.vaddr);
     // The charge moves with the data (Linux's `mem_cgroup_migrate`): the
-    // group's counter is unchanged.
-    let owner = mm.memcg().take_owner(src.get());
+    // group's counter is unchanged. `src` keeps its owner (which names its
+    // group's LRU) until `replace` has taken it off.
+    let owner = mm.memcg().owner(src.get());
     if owner != 0 {
         mm.memcg().set_owner(dst.get(), owner);
     }
@@ -174,6 +175,7 @@ fn migrate_one(
     // gap.
     rmap::clear(mm, src);
     mm.lru().replace(mm, src, dst);
+    mm.memcg().take_owner(src.get());
     slot.store(mig.migration_done(dst).raw(), Ordering::Release);
     published(dst);
     Ok(())

@@ -13,7 +13,7 @@ impl Mm {
         let kb = |pages: u64| pages * (crate::PAGE_SIZE as u64 / 1024);
         let (mut active, mut inactive) = (0, 0);
         for nid in 0..self.nr_nodes() {
-            let (a, i) = self.lru().nr_pages(nid);
+            let (a, i) = self.lru().nr_pages(self, nid);
             active += a;
             inactive += i;
         }

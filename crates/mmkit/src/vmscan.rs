@@ -57,7 +57,7 @@ use mmkit_core::lru_policy::{ActiveVerdict, TailVerdict};
 use mmkit_core::page::PG_DIRTY;
 use mmkit_core::{LruPolicy, Platform, VmEvent};
 
-use crate::lru::LruList;
+use crate::lru::{LruList, Lruvec};
 use crate::memcontrol::MemCgInner;
 use crate::pgtable::{desc, Pte, SwapEntry, HPAGE_PMD_NR};
 use crate::rmap::{
@@ -132,16 +132,51 @@ impl Mm {
     }
 }
 
-/// Linux's `try_to_free_mem_cgroup_pages`: reclaims up to `nr` pages from
-/// `target`'s subtree in the calling thread (limit, `high` and proactive
-/// reclaim). Returns the pages freed.
+/// Linux's `try_to_free_mem_cgroup_pages`: reclaims up to `nr` pages (at
+/// least a batch of [`SWAP_CLUSTER_MAX`]) from `target`'s subtree in the
+/// calling thread, every node, walking its groups as `shrink_node_memcgs`
+/// does (limit, `high` and proactive reclaim). Returns the pages freed.
 pub(crate) fn try_to_free_mem_cgroup_pages(mm: &Mm, target: &MemCgInner, nr: u64) -> u64 {
     if !mm.can_swap_out() {
         return 0;
     }
-    let _ = target;
-    let _ = nr;
-    0
+    let lru = mm.lru();
+    let _active = ActiveReclaimer::enter(mm);
+    lru.drain_local(mm);
+    let goal = nr.max(SWAP_CLUSTER_MAX as u64);
+    let mut done = 0;
+    for force in [false, true] {
+        if force {
+            lru.drain_all(mm);
+        }
+        loop {
+            let mut round = 0;
+            for nid in 0..mm.nr_nodes() {
+                let want = goal
+                    .saturating_sub(done + round)
+                    .min(SWAP_CLUSTER_MAX as u64);
+                if want == 0 {
+                    break;
+                }
+                round += crate::memcontrol::shrink_node_memcgs(
+                    mm,
+                    nid,
+                    want as usize,
+                    Reclaimer::Direct,
+                    Some(target),
+                    force,
+                );
+            }
+            done += round;
+            if round == 0 || done >= goal {
+                break;
+            }
+        }
+        if done > 0 {
+            break;
+        }
+    }
+    done
 }
 
 /// Batches of 32 one direct reclaim runs at most: until free memory is above
@@ -203,20 +238,12 @@ pub(crate) fn shrink_node(mm: &Mm, nid: usize, nr: usize, who: Reclaimer) -> u64
         return 0;
     }
     let lru = mm.lru();
-    /// Counts this reclaimer in `active_reclaimers` until it returns.
-    struct Active<'a>(&'a std::sync::atomic::AtomicU64);
-    impl Drop for Active<'_> {
-        fn drop(&mut self) {
-            self.0.fetch_sub(1, Ordering::Release);
-        }
-    }
-    lru.active_reclaimers.fetch_add(1, Ordering::Acquire);
-    let _active = Active(&lru.active_reclaimers);
+    let _active = ActiveReclaimer::enter(mm);
     if who == Reclaimer::Direct {
         // Linux's `reclaim_throttle(VMSCAN_THROTTLE_ISOLATED)`: the batches in
         // flight end within microseconds; wait for them (bounded), then go on.
         for _ in 0..100 {
-            if !lru.too_many_isolated(nid) {
+            if !lru.too_many_isolated(mm, nid) {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_micros(200));
@@ -232,17 +259,78 @@ pub(crate) fn shrink_node(mm: &Mm, nid: usize, nr: usize, who: Reclaimer) -> u64
         return ra as u64;
     }
     let nr = nr - ra;
+    let groups = mm.memcg().in_use();
     for force in [false, true] {
         if force {
             lru.drain_all(mm);
         }
-        age_active(mm, nid, nr, force);
-        let r = shrink_inactive_list(mm, nid, nr, who, force);
+        // With memory cgroups, the walk over their lists (Linux's
+        // `shrink_node_memcgs`); without, the root's lists alone.
+        let r = if groups {
+            crate::memcontrol::shrink_node_memcgs(mm, nid, nr, who, None, force)
+        } else {
+            shrink_lruvec(mm, Target::root(mm), nid, nr, who, force)
+        };
         if r > 0 || ra > 0 {
             return r + ra as u64;
         }
     }
     0
+}
+
+/// Counts a reclaimer in `active_reclaimers` until it is dropped.
+pub(crate) struct ActiveReclaimer<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl<'a> ActiveReclaimer<'a> {
+    pub(crate) fn enter(mm: &'a Mm) -> Self {
+        let a = &mm.lru().active_reclaimers;
+        a.fetch_add(1, Ordering::Acquire);
+        ActiveReclaimer(a)
+    }
+}
+
+impl Drop for ActiveReclaimer<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// The lists one reclaim pass works on: one lruvec (the root's, or a memory
+/// cgroup's) and its group, charged with the pass's statistics.
+#[derive(Copy, Clone)]
+pub(crate) struct Target<'a> {
+    pub(crate) vec: &'a Lruvec,
+    pub(crate) group: Option<&'a MemCgInner>,
+}
+
+impl<'a> Target<'a> {
+    fn root(mm: &'a Mm) -> Self {
+        Target {
+            vec: mm.lru().root(),
+            group: None,
+        }
+    }
+
+    fn count(&self, e: crate::memcontrol::Event, n: u64) {
+        if let Some(g) = self.group {
+            g.stats.add(e, n);
+        }
+    }
+}
+
+/// One lruvec's part of Linux's `shrink_node` (`shrink_lruvec`): ages its
+/// active list when the inactive one is the smaller, then reclaims up to `nr`
+/// pages from its inactive list; `force` ignores the accessed bits.
+pub(crate) fn shrink_lruvec(
+    mm: &Mm,
+    t: Target<'_>,
+    nid: usize,
+    nr: usize,
+    who: Reclaimer,
+    force: bool,
+) -> u64 {
+    age_active(mm, t, nid, nr, force);
+    shrink_inactive_list(mm, t, nid, nr, who, force)
 }
 
 /// Batches of the active list one `age_active` scans at most (the protected
@@ -259,38 +347,38 @@ const MAX_AGE_BATCHES: usize = 4;
 ///   scans both; then, if still low, one batch more.
 ///
 /// `force` (nothing reclaimable found): one batch, every page deactivated.
-fn age_active(mm: &Mm, nid: usize, nr: usize, force: bool) {
+fn age_active(mm: &Mm, t: Target<'_>, nid: usize, nr: usize, force: bool) {
     let lru = mm.lru();
     let policy = lru.policy;
-    let (active, inactive) = lru.nr_pages(nid);
+    let (active, inactive) = t.vec.nr_pages(lru, nid);
     if active == 0 {
         return;
     }
     if force {
-        shrink_active_list(mm, nid, SWAP_CLUSTER_MAX.max(nr), true);
+        shrink_active_list(mm, t, nid, SWAP_CLUSTER_MAX.max(nr), true);
         return;
     }
     match policy {
         LruPolicy::Protected => {
             for _ in 0..MAX_AGE_BATCHES {
-                let (active, inactive) = lru.nr_pages(nid);
+                let (active, inactive) = t.vec.nr_pages(lru, nid);
                 if active == 0
                     || !(policy.inactive_is_low(active, inactive) || inactive < nr as u64)
                 {
                     break;
                 }
-                shrink_active_list(mm, nid, SWAP_CLUSTER_MAX.max(nr), false);
+                shrink_active_list(mm, t, nid, SWAP_CLUSTER_MAX.max(nr), false);
             }
         }
         LruPolicy::Classic => {
             let low = policy.inactive_is_low(active, inactive);
             if low || workingset::refaults_since_snapshot(mm, nid) || inactive < nr as u64 {
                 let share = (nr as u64 * active).div_ceil(inactive.max(1));
-                shrink_active_list(mm, nid, share.clamp(1, active) as usize, false);
+                shrink_active_list(mm, t, nid, share.clamp(1, active) as usize, false);
             }
-            let (active, inactive) = lru.nr_pages(nid);
+            let (active, inactive) = t.vec.nr_pages(lru, nid);
             if policy.inactive_is_low(active, inactive) {
-                shrink_active_list(mm, nid, SWAP_CLUSTER_MAX, false);
+                shrink_active_list(mm, t, nid, SWAP_CLUSTER_MAX, false);
             }
         }
     }
@@ -301,10 +389,10 @@ fn age_active(mm: &Mm, nid: usize, nr: usize, force: bool) {
 /// (`LruPolicy::active_scan`): back to the active head, or down to the
 /// inactive head (`pgdeactivate`). A page whose lock is held (an access in
 /// progress) counts as referenced.
-fn shrink_active_list(mm: &Mm, nid: usize, n: usize, force: bool) {
+fn shrink_active_list(mm: &Mm, t: Target<'_>, nid: usize, n: usize, force: bool) {
     let lru = mm.lru();
     let mut pages = Vec::with_capacity(n);
-    lru.isolate(mm, nid, LruList::Active, n, &mut pages);
+    lru.isolate(mm, t.vec, nid, LruList::Active, n, &mut pages);
     let mut rwc = RmapWalkControl::default();
     let mut back = Vec::with_capacity(pages.len());
     let mut deact = 0;
@@ -327,6 +415,7 @@ fn shrink_active_list(mm: &Mm, nid: usize, n: usize, force: bool) {
     drop(rwc);
     put_isolated(mm, nid, &pages);
     mm.page_alloc().count_vm_event(VmEvent::PgDeactivate, deact);
+    t.count(crate::memcontrol::Event::PgDeactivate, deact);
 }
 
 /// Drops the isolation references of pages of node `nid` (the last one frees a
@@ -341,10 +430,17 @@ fn put_isolated(mm: &Mm, nid: usize, pages: &[Pfn]) {
 
 /// Linux's `shrink_inactive_list`: isolates up to `nr` pages from the inactive
 /// tail and reclaims what it can; returns the pages freed.
-fn shrink_inactive_list(mm: &Mm, nid: usize, nr: usize, who: Reclaimer, force: bool) -> u64 {
+fn shrink_inactive_list(
+    mm: &Mm,
+    t: Target<'_>,
+    nid: usize,
+    nr: usize,
+    who: Reclaimer,
+    force: bool,
+) -> u64 {
     let lru = mm.lru();
     let mut pages = Vec::with_capacity(nr);
-    lru.isolate(mm, nid, LruList::Inactive, nr, &mut pages);
+    lru.isolate(mm, t.vec, nid, LruList::Inactive, nr, &mut pages);
     if pages.is_empty() {
         return 0;
     }
@@ -355,10 +451,13 @@ fn shrink_inactive_list(mm: &Mm, nid: usize, nr: usize, who: Reclaimer, force: b
     let mut back = Vec::new();
     let split = split_huge_isolated(mm, nid, &mut pages, force, &mut back);
     mm.page_alloc().count_vm_event(scan, pages.len() as u64);
-    let freed = shrink_page_list(mm, split.as_deref().unwrap_or(&pages), force, &mut back);
+    t.count(crate::memcontrol::Event::PgScan, pages.len() as u64);
+    let list = split.as_deref().unwrap_or(&pages);
+    let freed = shrink_page_list(mm, t, list, force, &mut back);
     lru.putback(mm, &back);
     put_isolated(mm, nid, &pages);
     mm.page_alloc().count_vm_event(steal, freed);
+    t.count(crate::memcontrol::Event::PgSteal, freed);
     freed
 }
 
@@ -449,6 +548,7 @@ fn split_huge_isolated(
 /// reference, the last, is the caller's).
 fn shrink_page_list<'a>(
     mm: &'a Mm,
+    t: Target<'_>,
     pages: &[Pfn],
     force: bool,
     back: &mut Vec<(Pfn, LruList)>,
@@ -517,6 +617,7 @@ fn shrink_page_list<'a>(
     }
     mm.page_alloc()
         .count_vm_event(VmEvent::PgActivate, activated);
+    t.count(crate::memcontrol::Event::PgActivate, activated);
     if let Some(&p) = pages.first() {
         workingset::age_nonresident(mm, mm.node_of(p), activated);
     }
@@ -524,6 +625,8 @@ fn shrink_page_list<'a>(
     add_to_swap(mm, &mut pins, &mut victims);
     // 3. Write what needs it, runs of contiguous slots at once.
     let written = pageout(mm, &mut pins, &victims);
+    let nr_written = victims.iter().zip(&written).filter(|(v, &w)| v.write && w);
+    t.count(crate::memcontrol::Event::PswpOut, nr_written.count() as u64);
     // 4, 5. Unmap and free, or undo.
     let mut freed = 0;
     for (v, ok) in victims.into_iter().zip(written) {
@@ -704,11 +807,16 @@ pub(crate) fn exchange_victim<'a>(
     let lru = mm.lru();
     let mut rwc = RmapWalkControl::default();
     let mut tries = 0;
-    for list in [LruList::Inactive, LruList::Active] {
+    let groups = mm.memcg().all();
+    let vecs = std::iter::once(lru.root()).chain(groups.iter().map(|g| &g.lruvec));
+    for (list, vec) in [LruList::Inactive, LruList::Active]
+        .into_iter()
+        .flat_map(|l| vecs.clone().map(move |v| (l, v)))
+    {
         for nid in 0..mm.nr_nodes() {
             while tries < EXCHANGE_TRIES {
                 let mut got = Vec::with_capacity(1);
-                lru.isolate(mm, nid, list, 1, &mut got);
+                lru.isolate(mm, vec, nid, list, 1, &mut got);
                 let Some(&p) = got.first() else { break };
                 tries += 1;
                 let lock = (desc(mm, p).order() == 0)

@@ -126,7 +126,7 @@ pub(crate) fn workingset_refault(mm: &Mm, shadow: Shadow, base: u8) -> u8 {
     let distance = now.wrapping_sub(shadow.eviction) & EVICTION_MASK;
     let pa = mm.page_alloc();
     pa.count_vm_event(VmEvent::WorkingsetRefaultAnon, 1);
-    let (active, inactive) = lru.nr_pages(nid);
+    let (active, inactive) = lru.nr_pages(mm, nid);
     let swap_free = mm.swap().nr_free_allocatable() > 0;
     if !lru
         .policy

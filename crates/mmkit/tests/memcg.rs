@@ -139,3 +139,194 @@ fn swap_is_charged_per_slot() {
     assert_eq!((g.swap_current(), used_swap(&mm)), (0, 0));
     mm.check().unwrap();
 }
+
+fn swap_mm(mem: u64, swap: u64) -> Mm {
+    let mm = mm(mem);
+    mm.swapon(SwapDevice::ram(swap)).unwrap();
+    mm
+}
+
+/// Writes go on past `max`: the group's own pages are swapped out in the
+/// faulting thread; a sampler never sees `current` above `max`; every byte
+/// comes back.
+#[test]
+fn max_is_held_by_reclaiming_the_group() {
+    let mm = swap_mm(64 * MIB, 128 * MIB);
+    let g = mm.new_group().unwrap();
+    g.set_max(8 * MIB).unwrap();
+    let s = mm.new_space_in(&g).unwrap();
+    let pages = 32 * MIB / PAGE;
+    let a = s.mmap((pages * PAGE) as usize, MapFlags::empty()).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                assert!(g.current() <= 8 * MIB, "current {} over max", g.current());
+            }
+        });
+        fill(&s, a, pages, 11);
+        verify(&s, a, pages, 11);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    assert!(g.current() <= 8 * MIB);
+    let (st, ev) = (g.stat(), g.events());
+    assert!(
+        ev.max > 0 && st.pgsteal > 0 && st.pswpout > 0,
+        "{st:?} {ev:?}"
+    );
+    assert_eq!(ev.oom, 0);
+    assert_eq!(g.swap_current() / PAGE, used_swap(&mm));
+    drop(s);
+    assert_eq!((g.swap_current(), used_swap(&mm)), (0, 0));
+    mm.check().unwrap();
+}
+
+/// At `max` with nothing reclaimable (no swap): the fault fails with
+/// `NoMemory`, nothing leaks, and the group stays usable.
+#[test]
+fn at_max_with_nothing_reclaimable_the_fault_fails() {
+    let mm = mm(64 * MIB);
+    mm.drain_all_pages();
+    let free0 = mm.nr_free_pages();
+    let g = mm.new_group().unwrap();
+    g.set_max(4 * MIB).unwrap();
+    let s = mm.new_space_in(&g).unwrap();
+    let pages = 8 * MIB / PAGE;
+    let a = s.mmap((pages * PAGE) as usize, MapFlags::empty()).unwrap();
+    let mut failed_at = None;
+    for i in 0..pages {
+        match s.write(a + i * PAGE, &[1]) {
+            Ok(()) => {}
+            Err(Error::NoMemory { .. }) => {
+                failed_at = Some(i);
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let i = failed_at.expect("the limit stopped the writes");
+    assert!(
+        i <= 4 * MIB / PAGE,
+        "{i} pages written under a 1024-page max"
+    );
+    assert!(g.current() <= 4 * MIB);
+    assert_eq!(s.stats().rss_pages, i);
+    assert!(g.events().oom >= 1);
+    mm.check().unwrap();
+    // Room again after an unmap.
+    s.munmap(a, (PAGE * 16) as usize).unwrap();
+    s.write(a + (pages - 1) * PAGE, &[2]).unwrap();
+    drop(s);
+    drop(g);
+    mm.drain_all_pages();
+    assert_eq!(mm.nr_free_pages(), free0, "nothing leaked");
+    mm.check().unwrap();
+}
+
+/// `swap.max = 0`: nothing of the group goes to swap, even under global
+/// pressure from a neighbour; the group's pages stay resident.
+#[test]
+fn swap_max_zero_writes_nothing_to_swap() {
+    let mm = swap_mm(32 * MIB, 128 * MIB);
+    let g = mm.new_group().unwrap();
+    g.set_swap_max(0).unwrap();
+    let s = mm.new_space_in(&g).unwrap();
+    let pages = 8 * MIB / PAGE;
+    let a = s.mmap((pages * PAGE) as usize, MapFlags::empty()).unwrap();
+    fill(&s, a, pages, 5);
+    // A neighbour in the root streams through twice the arena.
+    let n = mm.new_space().unwrap();
+    let np = 64 * MIB / PAGE;
+    let b = n.mmap((np * PAGE) as usize, MapFlags::empty()).unwrap();
+    fill(&n, b, np, 6);
+    assert_eq!(g.swap_current(), 0);
+    assert_eq!(g.stat().pswpout, 0, "nothing of g written");
+    assert!(g.events().swap_max > 0, "refusals counted");
+    assert_eq!(s.stats().rss_pages, pages, "g stays resident");
+    verify(&s, a, pages, 5);
+    verify(&n, b, np, 6);
+    drop((s, n));
+    assert_eq!(used_swap(&mm), 0);
+    mm.check().unwrap();
+}
+
+/// `high`: a steady grower stays near `high` (at most 1.1x) while reclaim
+/// progresses, never fails, and `events.high` counts.
+#[test]
+fn high_reclaims_and_throttles_without_failing() {
+    let mm = swap_mm(64 * MIB, 128 * MIB);
+    let g = mm.new_group().unwrap();
+    g.set_high(8 * MIB).unwrap();
+    let s = mm.new_space_in(&g).unwrap();
+    let pages = 24 * MIB / PAGE;
+    let a = s.mmap((pages * PAGE) as usize, MapFlags::empty()).unwrap();
+    let mut peak = 0;
+    for i in 0..pages {
+        s.write(a + i * PAGE, &(i as u64).to_le_bytes()).unwrap();
+        peak = peak.max(g.current());
+    }
+    assert!(peak <= 8 * MIB * 11 / 10, "peak {peak} over 1.1x high");
+    assert!(g.events().high > 0);
+    assert_eq!(g.events().oom, 0);
+    for i in 0..pages {
+        let mut b = [0u8; 8];
+        s.read(a + i * PAGE, &mut b).unwrap();
+        assert_eq!(u64::from_le_bytes(b), i);
+    }
+    assert!(g.pressure().some_total_us > 0, "reclaim is a stall");
+    drop(s);
+    mm.check().unwrap();
+}
+
+/// Lowering `max` below the usage reclaims toward it; without swap it cannot
+/// get there and the old limit stays.
+#[test]
+fn lowering_max_reclaims_or_keeps_the_old_limit() {
+    let mm = swap_mm(64 * MIB, 64 * MIB);
+    let g = mm.new_group().unwrap();
+    let s = mm.new_space_in(&g).unwrap();
+    let pages = 16 * MIB / PAGE;
+    let a = s.mmap((pages * PAGE) as usize, MapFlags::empty()).unwrap();
+    fill(&s, a, pages, 1);
+    g.set_max(4 * MIB).unwrap();
+    assert!(g.current() <= 4 * MIB);
+    assert_eq!(g.limits().0, 4 * MIB);
+    verify(&s, a, pages, 1);
+    drop(s);
+    // No swap: 8 MiB resident cannot go under 2 MiB.
+    let mm = self::mm(64 * MIB);
+    let g = mm.new_group().unwrap();
+    let s = mm.new_space_in(&g).unwrap();
+    let a = s.mmap((8 * MIB) as usize, MapFlags::empty()).unwrap();
+    fill(&s, a, 8 * MIB / PAGE, 2);
+    match g.set_max(2 * MIB) {
+        Err(Error::LimitBelowUsage { usage, .. }) => assert!(usage >= 8 * MIB),
+        r => panic!("{r:?}"),
+    }
+    assert_eq!(g.limits().0, u64::MAX, "the old limit stays");
+    verify(&s, a, 8 * MIB / PAGE, 2);
+    drop(s);
+    mm.check().unwrap();
+}
+
+/// `memory.reclaim` takes from the group only.
+#[test]
+fn proactive_reclaim_takes_from_the_group_only() {
+    let mm = swap_mm(64 * MIB, 64 * MIB);
+    let g = mm.new_group().unwrap();
+    let h = mm.new_group().unwrap();
+    let (sg, sh) = (mm.new_space_in(&g).unwrap(), mm.new_space_in(&h).unwrap());
+    let pages = 4 * MIB / PAGE;
+    let a = sg.mmap((pages * PAGE) as usize, MapFlags::empty()).unwrap();
+    let b = sh.mmap((pages * PAGE) as usize, MapFlags::empty()).unwrap();
+    fill(&sg, a, pages, 1);
+    fill(&sh, b, pages, 2);
+    let got = g.reclaim(2 * MIB).unwrap();
+    assert!(got >= 2 * MIB, "reclaimed {got}");
+    assert_eq!(sh.stats().rss_pages, pages, "h untouched");
+    assert!(sg.stats().rss_pages <= pages - 2 * MIB / PAGE + STOCK);
+    assert_eq!(h.stat().pgsteal, 0);
+    verify(&sg, a, pages, 1);
+    drop((sg, sh));
+    mm.check().unwrap();
+}

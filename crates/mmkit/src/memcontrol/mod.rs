@@ -8,6 +8,9 @@
 //!   the limits' setters.
 //! - `charge.rs`: charging (`try_charge` with the per-CPU stock, `max` and
 //!   `high` handling), uncharging, swap charging per slot.
+//! - `reclaim.rs`: the reclaim walk over the groups of a node
+//!   (`shrink_node_memcgs`: effective protection, the low pass, scanning in
+//!   proportion to each group's excess).
 //! - `stat.rs`: `memory.stat`, `memory.events`, pressure (PSI) and the text view.
 //!
 //! The page counter itself (usage, limits, effective protection) is the core's
@@ -36,6 +39,7 @@
 //! charging thread with none of these held.
 
 mod charge;
+mod reclaim;
 mod stat;
 
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
@@ -49,6 +53,7 @@ pub use stat::{MemCgEvents, MemCgStat, Pressure};
 
 use charge::Stock;
 pub(crate) use charge::{check, try_charge, try_charge_swap, uncharge_batch, uncharge_swap};
+pub(crate) use reclaim::shrink_node_memcgs;
 use stat::GroupStats;
 pub(crate) use stat::{Event, Stall};
 
@@ -73,6 +78,9 @@ pub(crate) struct MemCgTable {
     pub(crate) root_swap: PageCounter,
     /// Per CPU: pages charged ahead for a few groups (Linux's `memcg_stock`).
     stocks: Box<[CachePadded<Mutex<Stock>>]>,
+    /// Per node: where the next reclaim walk over the groups starts (Linux's
+    /// `mem_cgroup_reclaim_cookie` position).
+    cursors: Box<[CachePadded<std::sync::atomic::AtomicUsize>]>,
 }
 
 #[derive(Default)]
@@ -82,7 +90,7 @@ struct Slots {
 }
 
 impl MemCgTable {
-    pub(crate) fn new(nr_pages: u64, nr_cpus: usize) -> MemCgTable {
+    pub(crate) fn new(nr_pages: u64, nr_nodes: usize, nr_cpus: usize) -> MemCgTable {
         MemCgTable {
             groups: RwLock::new(Slots {
                 slots: vec![None],
@@ -94,6 +102,9 @@ impl MemCgTable {
             root_swap: PageCounter::new_root(false),
             stocks: (0..nr_cpus.max(1))
                 .map(|_| CachePadded::new(Mutex::new(Stock::default())))
+                .collect(),
+            cursors: (0..nr_nodes.max(1))
+                .map(|_| CachePadded::new(Default::default()))
                 .collect(),
         }
     }
@@ -162,6 +173,8 @@ pub(crate) struct MemCgInner {
     nr_children: AtomicU64,
     removed: AtomicBool,
     pub(crate) stats: GroupStats,
+    /// Its LRU lists on every node (`lru.rs`).
+    pub(crate) lruvec: crate::lru::Lruvec,
 }
 
 /// A memory cgroup of an [`Mm`]: a handle, cheap to clone. Dropping the last
@@ -287,6 +300,7 @@ impl MemCgInner {
             nr_children: AtomicU64::new(0),
             removed: AtomicBool::new(false),
             stats: GroupStats::new(mm.config().nr_cpus),
+            lruvec: mm.lru().new_lruvec(),
         });
         slots.slots[id as usize] = Some(Arc::downgrade(&inner));
         drop(slots);

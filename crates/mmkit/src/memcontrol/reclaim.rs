@@ -1,0 +1,157 @@
+//! The reclaim walk over memory cgroups (Linux's `shrink_node_memcgs` with
+//! `mem_cgroup_calculate_protection` and `get_scan_count`'s proportional
+//! protection): global reclaim (kswapd, direct reclaim, `Mm::reclaim`) walks
+//! the root's lists and every group's; limit, `high` and proactive reclaim
+//! walk the target group's subtree.
+//!
+//! One walk, for one node and `nr` pages:
+//! 1. effective protection computed top-down from the target (the target
+//!    itself, and the root, are unprotected);
+//! 2. each group with pages on the node's lists: below its effective `min`,
+//!    skipped; below its effective `low`, skipped on the first pass (the
+//!    second pass, run only when the first freed nothing and skipped a group,
+//!    reclaims it and counts `events.low`); otherwise its scan size is its
+//!    lists less their protected share (`proportional_scan`, at least 32);
+//! 3. `nr` is split among the eligible groups in proportion to their scan
+//!    sizes, and the groups are visited from the node's cursor (which moves
+//!    on one group per walk, so that partial walks take turns), each reclaimed
+//!    with `shrink_lruvec` for its share, until `nr` pages are freed.
+//!
+//! Invariants: a group below its effective `min` loses no page to this walk;
+//! protection values are recomputed on every walk (they are racy hints, as
+//! Linux's).
+//!
+//! Locking: the group table's read lock to list the groups (dropped before
+//! reclaiming); the rest is `vmscan.rs`'s.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use mmkit_core::page_counter::proportional_scan;
+
+use super::stat::Event;
+use super::MemCgInner;
+use crate::lru::VecRef;
+use crate::vmscan::{shrink_lruvec, Reclaimer, Target};
+use crate::Mm;
+
+/// Depth of a group below the root (1 for a child of the root).
+fn depth(g: &MemCgInner) -> usize {
+    let mut d = 0;
+    let mut x = Some(g);
+    while let Some(c) = x {
+        d += 1;
+        x = c.parent().map(|p| &**p);
+    }
+    d
+}
+
+/// Linux's `shrink_node_memcgs` for node `nid`: up to `nr` pages from the
+/// lists of `target`'s subtree (`None`: the root and every group). Returns
+/// the pages freed.
+pub(crate) fn shrink_node_memcgs(
+    mm: &Mm,
+    nid: usize,
+    nr: usize,
+    who: Reclaimer,
+    target: Option<&MemCgInner>,
+    force: bool,
+) -> u64 {
+    let table = mm.memcg();
+    let lru = mm.lru();
+    let mut groups: Vec<Arc<MemCgInner>> = table
+        .all()
+        .into_iter()
+        .filter(|g| target.is_none_or(|t| g.is_descendant(t)))
+        .collect();
+    // Parents before children: effective protection flows down.
+    groups.sort_by_key(|g| depth(g));
+    let root = match target {
+        Some(t) => &t.memory,
+        None => &table.root_memory,
+    };
+    if let Some(t) = target {
+        t.memory.clear_protection();
+    }
+    for g in &groups {
+        g.memory.calculate_protection(root, false);
+    }
+    let mut freed = 0;
+    for low_pass in [false, true] {
+        let mut skipped = false;
+        // (lists, scan size)
+        let mut eligible: Vec<(VecRef, u64)> = Vec::with_capacity(groups.len() + 1);
+        if target.is_none() {
+            let (a, i) = lru.root().nr_pages(lru, nid);
+            if a + i > 0 {
+                eligible.push((VecRef::Root, a + i));
+            }
+        }
+        for g in &groups {
+            let (a, i) = g.lruvec.nr_pages(lru, nid);
+            let size = a + i;
+            if size == 0 {
+                continue;
+            }
+            let unprotected = target.is_some_and(|t| std::ptr::eq(t, &**g));
+            let usage = g.memory.usage();
+            let (emin, elow) = if unprotected {
+                (0, 0)
+            } else {
+                (g.memory.emin(), g.memory.elow())
+            };
+            if usage <= emin && emin > 0 {
+                continue; // Linux's `mem_cgroup_below_min`
+            }
+            if usage <= elow && elow > 0 {
+                if !low_pass {
+                    skipped = true;
+                    continue;
+                }
+                g.stats.event(Event::Low);
+            }
+            let protection = if !low_pass && elow > emin { elow } else { emin };
+            eligible.push((
+                VecRef::Group(g.clone()),
+                proportional_scan(size, usage, protection),
+            ));
+        }
+        freed += walk(mm, nid, nr, who, force, &eligible);
+        if freed > 0 || !skipped {
+            break;
+        }
+    }
+    freed
+}
+
+/// Step 3 of the module header over `eligible` (lists, scan size).
+fn walk(
+    mm: &Mm,
+    nid: usize,
+    nr: usize,
+    who: Reclaimer,
+    force: bool,
+    eligible: &[(VecRef, u64)],
+) -> u64 {
+    let total: u64 = eligible.iter().map(|e| e.1).sum();
+    if total == 0 {
+        return 0;
+    }
+    let table = mm.memcg();
+    let start = table.cursors[nid.min(table.cursors.len() - 1)].fetch_add(1, Ordering::Relaxed);
+    let lru = mm.lru();
+    let mut freed = 0;
+    for k in 0..eligible.len() {
+        if freed >= nr as u64 {
+            break;
+        }
+        let (vec, scan) = &eligible[(start + k) % eligible.len()];
+        let share = ((nr as u64 * scan).div_ceil(total)).clamp(1, nr as u64 - freed);
+        let t = Target {
+            vec: vec.get(lru),
+            group: vec.group(),
+        };
+        freed += shrink_lruvec(mm, t, nid, share as usize, who, force);
+    }
+    freed
+}
