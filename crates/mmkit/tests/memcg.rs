@@ -330,3 +330,114 @@ fn proactive_reclaim_takes_from_the_group_only() {
     drop((sg, sh));
     mm.check().unwrap();
 }
+
+/// A protected group keeps its working set while a neighbour streams through
+/// several times the arena; the same without protection loses it.
+#[test]
+fn low_protects_a_working_set_from_a_streaming_neighbour() {
+    let run = |low: u64| {
+        let mm = Mm::builder()
+            .memory((32 * MIB) as usize)
+            .kswapd(true)
+            .build()
+            .unwrap();
+        mm.swapon(SwapDevice::ram(256 << 20)).unwrap();
+        let (a, b) = (mm.new_group().unwrap(), mm.new_group().unwrap());
+        a.set_low(low).unwrap();
+        let (sa, sb) = (mm.new_space_in(&a).unwrap(), mm.new_space_in(&b).unwrap());
+        let hot = 8 * MIB / PAGE;
+        let x = sa.mmap((hot * PAGE) as usize, MapFlags::empty()).unwrap();
+        fill(&sa, x, hot, 1);
+        let stream = 96 * MIB / PAGE;
+        let y = sb
+            .mmap((stream * PAGE) as usize, MapFlags::empty())
+            .unwrap();
+        std::thread::scope(|sc| {
+            sc.spawn(|| fill(&sb, y, stream, 2));
+            // A keeps reading its hot set meanwhile.
+            for _ in 0..4 {
+                verify(&sa, x, hot, 1);
+            }
+        });
+        verify(&sa, x, hot, 1);
+        let (st, ev) = (a.stat(), a.events());
+        drop((sa, sb));
+        mm.check().unwrap();
+        (st, ev)
+    };
+    let (protected, pev) = run(12 * MIB);
+    assert_eq!(protected.pswpout, 0, "protected: {protected:?}");
+    assert_eq!(protected.pswpin, 0);
+    assert_eq!(pev.low, 0);
+    let (open, _) = run(0);
+    assert!(open.pswpout > 0, "unprotected, A loses pages: {open:?}");
+}
+
+/// Many threads (more than cores) in three groups with limits, swap and
+/// kswapd: every byte survives, `current` never passes `max`, and after
+/// everything is dropped the free pages and swap slots come back exactly.
+#[test]
+fn threads_in_groups_keep_every_byte_and_count_exactly() {
+    const THREADS: u64 = 12;
+    let mm = Mm::builder()
+        .memory((48 * MIB) as usize)
+        .kswapd(true)
+        .build()
+        .unwrap();
+    mm.drain_all_pages();
+    let free0 = mm.nr_free_pages();
+    mm.swapon(SwapDevice::ram(256 << 20)).unwrap();
+    let top = mm.new_group().unwrap();
+    top.set_max(24 * MIB).unwrap();
+    let groups = [
+        top.new_child().unwrap(),
+        top.new_child().unwrap(),
+        mm.new_group().unwrap(),
+    ];
+    groups[0].set_max(8 * MIB).unwrap();
+    groups[1].set_high(6 * MIB).unwrap();
+    groups[2].set_max(12 * MIB).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                assert!(top.current() <= 24 * MIB);
+                assert!(groups[0].current() <= 8 * MIB);
+                assert!(groups[2].current() <= 12 * MIB);
+            }
+        });
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let g = groups[(t % 3) as usize].clone();
+                let mm = mm.clone();
+                sc.spawn(move || {
+                    let s = mm.new_space_in(&g).unwrap();
+                    let pages = 6 * MIB / PAGE;
+                    let a = s.mmap((pages * PAGE) as usize, MapFlags::empty()).unwrap();
+                    fill(&s, a, pages, t);
+                    for r in 0..2 {
+                        verify(&s, a, pages, t ^ r);
+                        fill(&s, a, pages, t ^ (r + 1));
+                    }
+                    verify(&s, a, pages, t ^ 2);
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    mm.wait_reclaim_idle();
+    for g in &groups {
+        assert_eq!(g.swap_current(), 0);
+        assert_eq!(g.stat().anon, 0);
+    }
+    assert_eq!(used_swap(&mm), 0);
+    mm.check().unwrap();
+    drop(groups);
+    drop(top);
+    mm.drain_all_pages();
+    assert_eq!(mm.nr_free_pages(), free0);
+    mm.check().unwrap();
+}

@@ -219,7 +219,7 @@ fn to_bytes(pages: u64) -> u64 {
 /// Reclaims up to `nr` pages from `g`'s subtree in the calling thread (limit,
 /// `high` and proactive reclaim: Linux's `try_to_free_mem_cgroup_pages`).
 pub(crate) fn reclaim_pages(g: &MemCgInner, nr: u64) -> u64 {
-    crate::vmscan::try_to_free_mem_cgroup_pages(&g.mm, g, nr)
+    reclaim::try_to_free_mem_cgroup_pages(&g.mm, g, nr)
 }
 
 impl Mm {
@@ -354,13 +354,21 @@ impl Drop for MemCgInner {
         // Pages held ahead for it go back before its counter does.
         charge::drain_stock_of(table, self);
         debug_assert_eq!(self.memory.usage(), 0, "group freed with pages charged");
-        debug_assert_eq!(self.swap.usage(), 0, "group freed with swap charged");
         // Protection it published leaves its parent's sums.
         self.memory.set_min(0);
         self.memory.set_low(0);
+        // Slots still charged to it (held by the swap cache after its
+        // spaces went: a page being written, one read ahead) leave the
+        // ancestors' counts now, and its id is not reused, so that their
+        // later free finds no group (Linux keeps such a memcg as a dying
+        // one until its last reference goes).
+        let swapped = self.swap.usage();
+        self.swap.uncharge(swapped);
         let mut slots = table.groups.write();
         slots.slots[self.id as usize] = None;
-        slots.free.push(self.id);
+        if swapped == 0 {
+            slots.free.push(self.id);
+        }
         drop(slots);
         if let Some(p) = &self.parent {
             p.nr_children.fetch_sub(1, Ordering::Relaxed);

@@ -32,7 +32,7 @@ use mmkit_core::page_counter::proportional_scan;
 use super::stat::Event;
 use super::MemCgInner;
 use crate::lru::VecRef;
-use crate::vmscan::{shrink_lruvec, Reclaimer, Target};
+use crate::vmscan::{shrink_lruvec, ActiveReclaimer, Reclaimer, Target, SWAP_CLUSTER_MAX};
 use crate::Mm;
 
 /// Depth of a group below the root (1 for a child of the root).
@@ -154,4 +154,51 @@ fn walk(
         freed += shrink_lruvec(mm, t, nid, share as usize, who, force);
     }
     freed
+}
+
+/// Linux's `try_to_free_mem_cgroup_pages`: reclaims up to `nr` pages (at
+/// least a batch of [`SWAP_CLUSTER_MAX`]) from `target`'s subtree in the
+/// calling thread, every node, walking its groups as `shrink_node_memcgs`
+/// does (limit, `high` and proactive reclaim). Returns the pages freed.
+pub(crate) fn try_to_free_mem_cgroup_pages(mm: &Mm, target: &MemCgInner, nr: u64) -> u64 {
+    if !mm.can_swap_out() {
+        return 0;
+    }
+    let lru = mm.lru();
+    let _active = ActiveReclaimer::enter(mm);
+    lru.drain_local(mm);
+    let goal = nr.max(SWAP_CLUSTER_MAX as u64);
+    let mut done = 0;
+    for force in [false, true] {
+        if force {
+            lru.drain_all(mm);
+        }
+        loop {
+            let mut round = 0;
+            for nid in 0..mm.nr_nodes() {
+                let want = goal
+                    .saturating_sub(done + round)
+                    .min(SWAP_CLUSTER_MAX as u64);
+                if want == 0 {
+                    break;
+                }
+                round += shrink_node_memcgs(
+                    mm,
+                    nid,
+                    want as usize,
+                    Reclaimer::Direct,
+                    Some(target),
+                    force,
+                );
+            }
+            done += round;
+            if round == 0 || done >= goal {
+                break;
+            }
+        }
+        if done > 0 {
+            break;
+        }
+    }
+    done
 }
