@@ -105,8 +105,25 @@
 //!   NBD trim gate               nbd/trim.rs: parks a write behind a trim in
 //!                               flight (leaf; the trimmer sends unlocked)
 //!   lru_add batch mutex         lru.rs: per CPU; remote only in drain_all
-//!     LRU shard lock (L)        lru.rs: one shard at a time
+//!     memcg table, read         memcontrol/: an owner id to its group's
+//!                               lruvec, released before the shard lock
+//!     LRU shard lock (L)        lru.rs: one shard at a time, of the root's
+//!                               or a memory cgroup's lruvec
 //!   readahead queue             swap_state.rs (leaf: no page lock under it)
+//!
+//! memory cgroups (from a charge: the fault path under the VMA lock and
+//! page lock of a swap-in; from reclaim; from a slot's free under the
+//! cluster lock)
+//! memcg charge stock (per CPU)  memcontrol/charge.rs: consume, refill,
+//!                               drain (remote CPUs' too)
+//!   memcg table, read           memcontrol/: an evicted slot's group
+//! memcg table, read/write       memcontrol/: id -> group (read); create,
+//!                               free a group (write; the free takes the
+//!                               stocks first, then the write lock) (leaf)
+//! memcg pressure state          memcontrol/stat.rs: a stall's start and end,
+//!                               a read (leaf)
+//! [limit, high and proactive reclaim run in the charging thread with none
+//!  of these held: the page side, try-locks only, as direct reclaim]
 //!
 //! leaves taken under any of the above
 //! Kthread control mutex (K)     kthread.rs: wake-ups from the slow path

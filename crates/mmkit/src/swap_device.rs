@@ -177,6 +177,12 @@ impl SwapInfoStruct {
         }
     }
 
+    /// The memory cgroup charged for `entry`'s slot (0: the root).
+    pub(crate) fn swap_owner(&self, entry: SwapEntry) -> u16 {
+        self.slot(entry)
+            .map_or(0, |s| self.memcg_owner[s as usize].load(Ordering::Relaxed))
+    }
+
     /// Records the memory cgroup charged for `entry`'s slot (just allocated
     /// for a page of that group: Linux's `swap_cgroup_record`).
     pub(crate) fn set_swap_owner(&self, entry: SwapEntry, id: u16) {

@@ -516,7 +516,7 @@ impl Mm {
             self.swapin_undo(dev, lock);
             return Err(SwapInFail::Read(e));
         }
-        self.swapin_refault(page, shadow);
+        self.swapin_refault(page, shadow, dev.swap_owner(entry));
         Ok(SwapCacheRead::Read(lock))
     }
 
@@ -524,14 +524,27 @@ impl Mm {
     /// (Linux's `workingset_refault` in the swap-in): the policy's start
     /// state, with `LRU_ACTIVATE` when the refault is recent. Kept in the
     /// page's LRU state until the fault that maps it queues it (`lru_add`).
-    pub(crate) fn swapin_refault(&self, page: Pfn, shadow: Option<u32>) {
+    pub(crate) fn swapin_refault(&self, page: Pfn, shadow: Option<u32>, owner: u16) {
         let lru = self.lru();
         let base = lru.policy.new_page_state(lru.policy.fault_sets_young());
-        let st = match shadow.and_then(crate::workingset::Shadow::unpack) {
+        let sh = shadow.and_then(crate::workingset::Shadow::unpack);
+        let st = match sh {
             Some(sh) => crate::workingset::workingset_refault(self, sh, base),
             None => base,
         };
         lru.set_state(page, st);
+        // The refault counts for the memory cgroup the slot was charged to.
+        if let (Some(sh), Some(g)) = (sh, (owner != 0).then(|| self.memcg().get(owner)).flatten()) {
+            use crate::memcontrol::Event;
+            use mmkit_core::lru_policy::LRU_ACTIVATE;
+            g.stats.event(Event::Refault);
+            if st & LRU_ACTIVATE != 0 && base & LRU_ACTIVATE == 0 {
+                g.stats.event(Event::Activate);
+                if sh.workingset {
+                    g.stats.event(Event::Restore);
+                }
+            }
+        }
     }
 
     /// Takes back a page that `read_swap_cache` read and nothing mapped: out

@@ -7,6 +7,37 @@ use crate::{MigrateType, Mm, SwapInfo, SwapKind};
 use mmkit_core::{MIGRATE_TYPES, NR_ORDERS, PAGEBLOCK_ORDER};
 
 impl Mm {
+    /// Every memory cgroup as `/sys/fs/cgroup` shows it: the root's
+    /// `memory.current` and `memory.swap.current`, then each group, parents
+    /// first, under `# /g<id>/g<id>...` with its files ([`crate::MemCgroup::text`]).
+    pub fn memcg_text(&self) -> String {
+        let mut s = String::new();
+        let swap: u64 = self
+            .memcg()
+            .all()
+            .iter()
+            .filter(|g| g.parent().is_none())
+            .map(|g| g.swap.usage())
+            .sum();
+        let _ = writeln!(
+            s,
+            "# /\n== memory.current ==\n{}\n== memory.swap.current ==\n{}",
+            self.root_current(),
+            swap * crate::PAGE_SIZE as u64
+        );
+        let mut groups: Vec<crate::MemCgroup> = self
+            .memcg()
+            .all()
+            .into_iter()
+            .map(|inner| crate::MemCgroup { inner })
+            .collect();
+        groups.sort_by_key(|g| g.path());
+        for g in groups {
+            let _ = write!(s, "# {}\n{}", g.path(), g.text());
+        }
+        s
+    }
+
     /// Memory and swap, as `/proc/meminfo` (kB): MemTotal, MemFree,
     /// Active(anon), Inactive(anon), SwapTotal, SwapFree, SwapCached.
     pub fn meminfo(&self) -> String {

@@ -301,18 +301,24 @@ pub(crate) fn uncharge_batch(mm: &Mm, blocks: &[(Pfn, u32)]) {
     if !table.in_use() {
         return;
     }
-    let mut per: Vec<(u16, u64)> = Vec::new();
+    // A batch is mostly one space's pages: one group, counted in `cur`.
+    let mut cur = (0u16, 0u64);
+    let mut others: Vec<(u16, u64)> = Vec::new();
     for &(p, order) in blocks {
         let id = table.take_owner(p.get());
         if id == 0 {
             continue;
         }
-        match per.iter_mut().find(|x| x.0 == id) {
-            Some(x) => x.1 += 1 << order,
-            None => per.push((id, 1 << order)),
+        if id == cur.0 || cur.0 == 0 {
+            cur = (id, cur.1 + (1 << order));
+        } else {
+            match others.iter_mut().find(|x| x.0 == id) {
+                Some(x) => x.1 += 1 << order,
+                None => others.push((id, 1 << order)),
+            }
         }
     }
-    for (id, n) in per {
+    for (id, n) in std::iter::once(cur).chain(others).filter(|x| x.0 != 0) {
         if let Some(g) = table.get(id) {
             g.memory.uncharge(n);
         }
@@ -347,6 +353,34 @@ pub(crate) fn uncharge_swap(table: &MemCgTable, id: u16) {
     if let Some(g) = table.get(id) {
         g.swap.uncharge(1);
     }
+}
+
+/// A swap-in exchange wrote the victim `page` into `entry`'s slot: the
+/// slot's swap charge moves from the incoming page's group to the victim's
+/// (forced: the victim's page went out either way).
+pub(crate) fn move_swap_charge(
+    mm: &Mm,
+    dev: &crate::swapfile::SwapInfoStruct,
+    entry: crate::pgtable::SwapEntry,
+    page: Pfn,
+) {
+    let table = mm.memcg();
+    if !table.in_use() {
+        return;
+    }
+    let (old, new) = (dev.swap_owner(entry), table.owner(page.get()));
+    if old == new {
+        return;
+    }
+    uncharge_swap(table, old);
+    let new = match table.get(new) {
+        Some(g) => {
+            g.swap.charge(1);
+            new
+        }
+        None => 0,
+    };
+    dev.set_swap_owner(entry, new);
 }
 
 /// Linux's `memory_max_write`: the limit is set once the usage fits under

@@ -52,7 +52,9 @@ use parking_lot::{Mutex, RwLock};
 pub use stat::{MemCgEvents, MemCgStat, Pressure};
 
 use charge::Stock;
-pub(crate) use charge::{check, try_charge, try_charge_swap, uncharge_batch, uncharge_swap};
+pub(crate) use charge::{
+    check, move_swap_charge, try_charge, try_charge_swap, uncharge_batch, uncharge_swap,
+};
 pub(crate) use reclaim::shrink_node_memcgs;
 use stat::GroupStats;
 pub(crate) use stat::{Event, Stall};
@@ -147,14 +149,18 @@ impl MemCgTable {
         self.owner[pfn as usize].store(id, Ordering::Relaxed);
     }
 
-    /// Clears and returns the owner of `pfn`.
+    /// Clears and returns the owner of `pfn`, whose last mapping is going
+    /// (the unmap's or reclaim's free batch, a lost fault race, migration's
+    /// source): no one else writes its owner meanwhile, so a load and a
+    /// store do, without a locked exchange per page.
     #[inline]
     pub(crate) fn take_owner(&self, pfn: u64) -> u16 {
         let o = &self.owner[pfn as usize];
-        if o.load(Ordering::Relaxed) == 0 {
-            return 0;
+        let id = o.load(Ordering::Relaxed);
+        if id != 0 {
+            o.store(0, Ordering::Relaxed);
         }
-        o.swap(0, Ordering::Relaxed)
+        id
     }
 }
 

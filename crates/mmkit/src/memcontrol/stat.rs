@@ -332,6 +332,17 @@ impl MemCgroup {
         }
     }
 
+    /// The group's place in the tree, `/g<id>/g<id>...` from the root.
+    pub fn path(&self) -> String {
+        let mut ids = Vec::new();
+        let mut x = Some(&*self.inner);
+        while let Some(c) = x {
+            ids.push(c.id);
+            x = c.parent().map(|p| &**p);
+        }
+        ids.iter().rev().map(|id| format!("/g{id}")).collect()
+    }
+
     /// `memory.pressure` of this group (its own threads' stalls).
     pub fn pressure(&self) -> Pressure {
         self.inner.stats.pressure()

@@ -282,8 +282,10 @@ impl SpaceInner {
             return Err(no_memory);
         };
         let page = lock.pfn();
-        // The victim's charge goes with its mapping; the frame is this
-        // space's now.
+        // The slot holds the victim's content now: its swap charge goes to
+        // the victim's group; the victim's memory charge goes with its
+        // mapping, and the frame is this space's.
+        crate::memcontrol::move_swap_charge(mm, dev, entry, page);
         crate::memcontrol::uncharge_batch(mm, &[(page, 0)]);
         if let Some(g) = memcg {
             mm.memcg().set_owner(page.get(), g.id);
@@ -292,7 +294,7 @@ impl SpaceInner {
         let sh = crate::workingset::workingset_eviction(mm, nid, victim_state);
         dev.set_swap_shadow(entry, sh.pack());
         lock.bytes_mut().copy_from_slice(&buf);
-        mm.swapin_refault(page, shadow);
+        mm.swapin_refault(page, shadow, dev.swap_owner(entry));
         rmap::set(mm, page, self.id, vmf.addr & !(PAGE - 1));
         let pte = leaf(page, false).with(self.fault_bits(vmf));
         let mapped = slot
