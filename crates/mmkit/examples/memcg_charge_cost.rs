@@ -97,10 +97,8 @@ fn main() -> Result<(), Error> {
             );
         }
         mm.check()?;
-        assert_eq!(
-            g.current() / PAGE_SIZE as u64 <= 64 * mm.config().nr_cpus as u64,
-            true
-        );
+        // Only the stocks' pages ahead stay charged.
+        assert!(g.current() / PAGE_SIZE as u64 <= 64 * mm.config().nr_cpus as u64);
     }
     Ok(())
 }

@@ -262,7 +262,7 @@ fn high_reclaims_and_throttles_without_failing() {
     let a = s.mmap((pages * PAGE) as usize, MapFlags::empty()).unwrap();
     let mut peak = 0;
     for i in 0..pages {
-        s.write(a + i * PAGE, &(i as u64).to_le_bytes()).unwrap();
+        s.write(a + i * PAGE, &i.to_le_bytes()).unwrap();
         peak = peak.max(g.current());
     }
     assert!(peak <= 8 * MIB * 11 / 10, "peak {peak} over 1.1x high");
