@@ -114,14 +114,18 @@ impl Lruvec {
     }
 }
 
-/// The lruvec of a frame: the root's, or its group's (held alive).
-pub(crate) enum VecRef {
+/// The lruvec of a frame: the root's, or its group's.
+#[derive(Copy, Clone)]
+pub(crate) enum VecRef<'g> {
     Root,
-    Group(std::sync::Arc<crate::memcontrol::MemCgInner>),
+    Group(&'g crate::memcontrol::MemCgInner),
 }
 
-impl VecRef {
-    pub(crate) fn get<'a>(&'a self, lru: &'a Lru) -> &'a Lruvec {
+impl<'g> VecRef<'g> {
+    pub(crate) fn get<'a>(&self, lru: &'a Lru) -> &'a Lruvec
+    where
+        'g: 'a,
+    {
         match self {
             VecRef::Root => &lru.root,
             VecRef::Group(g) => &g.lruvec,
@@ -129,7 +133,7 @@ impl VecRef {
     }
 
     /// The group (`None` for the root).
-    pub(crate) fn group(&self) -> Option<&crate::memcontrol::MemCgInner> {
+    pub(crate) fn group(&self) -> Option<&'g crate::memcontrol::MemCgInner> {
         match self {
             VecRef::Root => None,
             VecRef::Group(g) => Some(g),
@@ -300,13 +304,19 @@ impl Lru {
         &self.root
     }
 
-    /// The lruvec of the group with id `owner` (0: the root's). A group with
-    /// pages charged is alive.
-    fn vec_of_owner(&self, mm: &Mm, owner: u16) -> VecRef {
+    /// The lruvec of the group with id `owner` (0: the root's), for a frame
+    /// it owns: a group that owns a frame is alive (its spaces hold it), so
+    /// the group table's lock-free reference serves (no lock, no reference
+    /// count on the fast paths).
+    fn vec_of_owner<'a>(&self, mm: &'a Mm, owner: u16) -> VecRef<'a> {
         if owner == 0 {
             return VecRef::Root;
         }
-        match mm.memcg().get(owner) {
+        // SAFETY: `owner` is the owner of a frame this call works on (linked,
+        // being linked, or isolated), so the group is alive until the frame
+        // is uncharged, which happens after it left the lists and not during
+        // this call.
+        match unsafe { mm.memcg().owning_group(owner) } {
             Some(g) => VecRef::Group(g),
             None => {
                 debug_assert!(false, "a page owned by memory cgroup {owner}, gone");
@@ -425,10 +435,12 @@ impl Lru {
     /// the head of their node's inactive list (the active one for a page
     /// queued with `LRU_ACTIVATE`), one lock hold per node.
     fn add_batch(&self, mm: &Mm, pfns: &[u32]) {
-        self.per_set(mm, pfns, |l, pfn| {
+        self.per_set(mm, pfns, true, |l, pfn, owner| {
             let d = desc(mm, Pfn::new(pfn as u64));
-            // Still queued: not freed (and perhaps reallocated) since.
-            if !d.test_flag(PG_LRU_ADD) {
+            // Still queued: not freed (and perhaps reallocated) since; and
+            // the lists locked are its owner's (a stale entry of a frame
+            // reallocated to another group leaves it to that group's entry).
+            if !d.test_flag(PG_LRU_ADD) || Self::owner_of(mm, pfn) != owner {
                 return;
             }
             d.clear_flag(PG_LRU_ADD);
@@ -448,17 +460,33 @@ impl Lru {
 
     /// Runs `f` on each pfn under its list set's lock, taking each lock once
     /// (the pfns of one batch share a few sets).
-    fn per_set(&self, mm: &Mm, pfns: &[u32], mut f: impl FnMut(&mut Locked<'_>, u32)) {
+    /// `safe`: the frames may be stale entries (an `lru_add` batch), so their
+    /// owners' groups are looked up with a reference held; otherwise each
+    /// frame is one its owner's spaces still hold (the unmap's flush), and the
+    /// lock-free lookup serves. `f` gets the owner the run was keyed by.
+    fn per_set(
+        &self,
+        mm: &Mm,
+        pfns: &[u32],
+        safe: bool,
+        mut f: impl FnMut(&mut Locked<'_>, u32, u16),
+    ) {
         let mut keyed: Vec<((u16, usize), u32)> = pfns
             .iter()
             .map(|&p| ((Self::owner_of(mm, p), self.set_of(mm, p)), p))
             .collect();
         keyed.sort_unstable_by_key(|&(k, _)| k);
         for run in keyed.chunk_by(|a, b| a.0 == b.0) {
-            let vec = self.vec_of_owner(mm, run[0].0 .0);
-            let mut l = self.lock(mm, vec.get(self), run[0].0 .1);
+            let (owner, set) = run[0].0;
+            let held = (safe && owner != 0).then(|| mm.memcg().get(owner));
+            let vec = match &held {
+                Some(Some(g)) => VecRef::Group(g),
+                Some(None) => continue, // its group is gone: nothing of it is linkable
+                None => self.vec_of_owner(mm, owner),
+            };
+            let mut l = self.lock(mm, vec.get(self), set);
             for &(_, p) in run {
-                f(&mut l, p);
+                f(&mut l, p, owner);
             }
         }
     }
@@ -467,7 +495,7 @@ impl Lru {
     /// Linux's `__folio_put` -> `lruvec_del_folio`), one lock hold per node.
     /// Their reverse maps are already cleared.
     pub(crate) fn remove_batch(&self, mm: &Mm, pfns: &[u32]) {
-        self.per_set(mm, pfns, |l, pfn| {
+        self.per_set(mm, pfns, false, |l, pfn, _| {
             if l.del(pfn).is_some() {
                 desc(mm, Pfn::new(pfn as u64)).clear_flag(PG_LRU);
             }
@@ -577,17 +605,9 @@ impl Lru {
     /// frame on a list is allocated (order 0 or a huge head), and the pages the
     /// huge entries stand for (quiescent).
     pub(crate) fn check(&self, mm: &Mm) -> Result<(), String> {
-        let mut vecs = vec![(0u16, VecRef::Root)];
-        if mm.memcg().in_use() {
-            vecs.extend(
-                mm.memcg()
-                    .all()
-                    .into_iter()
-                    .map(|g| (g.id, VecRef::Group(g))),
-            );
-        }
-        for (id, v) in &vecs {
-            self.check_lruvec(mm, *id, v.get(self))?;
+        self.check_lruvec(mm, 0, &self.root)?;
+        for g in mm.memcg().all() {
+            self.check_lruvec(mm, g.id, &g.lruvec)?;
         }
         Ok(())
     }

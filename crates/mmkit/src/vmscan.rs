@@ -792,6 +792,11 @@ pub(crate) fn exchange_victim<'a>(
                     .unwrap_or(false);
                 if unmapped {
                     rmap::clear(mm, p);
+                    // The slot's swap charge becomes the victim's group's,
+                    // and its memory charge goes with its mapping, while
+                    // `groups` holds that group.
+                    crate::memcontrol::move_swap_charge(mm, dev, entry, p);
+                    crate::memcontrol::uncharge_batch(mm, &[(p, 0)]);
                     desc(mm, p).clear_flag(PG_DIRTY);
                     mm.page_alloc().count_vm_event(VmEvent::PswpOut, 1);
                     return Some((lock, nid, lru.state(p)));

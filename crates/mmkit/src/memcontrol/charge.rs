@@ -319,7 +319,9 @@ pub(crate) fn uncharge_batch(mm: &Mm, blocks: &[(Pfn, u32)]) {
         }
     }
     for (id, n) in std::iter::once(cur).chain(others).filter(|x| x.0 != 0) {
-        if let Some(g) = table.get(id) {
+        // SAFETY: the group owned these frames until just now: the spaces
+        // that mapped them (and hold the group) are still being unmapped.
+        if let Some(g) = unsafe { table.owning_group(id) } {
             g.memory.uncharge(n);
         }
     }

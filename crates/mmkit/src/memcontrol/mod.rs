@@ -42,7 +42,7 @@ mod charge;
 mod reclaim;
 mod stat;
 
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use crossbeam_utils::CachePadded;
@@ -69,6 +69,10 @@ pub const MAX_GROUPS: u32 = u16::MAX as u32;
 pub(crate) struct MemCgTable {
     /// By id (index 0 unused: the root has no `MemCgInner`).
     groups: RwLock<Slots>,
+    /// (A) By id: the live group, for the fast paths that act on a frame it
+    /// owns (`owning_group`); set when the group is made, cleared when it is
+    /// freed.
+    ptrs: Box<[AtomicPtr<MemCgInner>]>,
     /// Set once the first group is made: until then the unmap and reclaim
     /// paths skip the owner array entirely.
     in_use: AtomicBool,
@@ -99,6 +103,9 @@ impl MemCgTable {
                 free: Vec::new(),
             }),
             in_use: AtomicBool::new(false),
+            ptrs: (0..=MAX_GROUPS)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
             owner: (0..nr_pages).map(|_| AtomicU16::new(0)).collect(),
             root_memory: PageCounter::new_root(true),
             root_swap: PageCounter::new_root(false),
@@ -125,6 +132,20 @@ impl MemCgTable {
             .get(id as usize)?
             .as_ref()?
             .upgrade()
+    }
+
+    /// The group with id `id`, without a lock or a reference count.
+    ///
+    /// # Safety
+    /// The group must stay alive while the reference is used: the caller acts
+    /// on a frame the group owns (charged pages keep their group's spaces,
+    /// and so the group, alive until they are uncharged).
+    #[inline]
+    pub(crate) unsafe fn owning_group<'a>(&'a self, id: u16) -> Option<&'a MemCgInner> {
+        let p = self.ptrs[id as usize].load(Ordering::Acquire);
+        // SAFETY: non-null only between the group's creation and its drop,
+        // and the caller guarantees the drop has not begun (see above).
+        unsafe { p.as_ref() }
     }
 
     /// Every live group (for views and the reclaim walk), by id.
@@ -309,6 +330,7 @@ impl MemCgInner {
             lruvec: mm.lru().new_lruvec(),
         });
         slots.slots[id as usize] = Some(Arc::downgrade(&inner));
+        table.ptrs[id as usize].store(Arc::as_ptr(&inner).cast_mut(), Ordering::Release);
         drop(slots);
         if let Some(p) = parent {
             p.nr_children.fetch_add(1, Ordering::Relaxed);
@@ -348,8 +370,10 @@ impl MemCgInner {
         self.nr_spaces.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A space of this group is gone (its pages are uncharged).
-    pub(crate) fn space_gone(&self) {
+    /// A space of this group is gone (its pages are uncharged), after
+    /// `faults` faults (kept for `memory.stat`'s pgfault).
+    pub(crate) fn space_gone(&self, faults: u64) {
+        self.stats.add(Event::PgFault, faults);
         self.nr_spaces.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -372,6 +396,7 @@ impl Drop for MemCgInner {
         self.swap.uncharge(swapped);
         let mut slots = table.groups.write();
         slots.slots[self.id as usize] = None;
+        table.ptrs[self.id as usize].store(std::ptr::null_mut(), Ordering::Release);
         if swapped == 0 {
             slots.free.push(self.id);
         }

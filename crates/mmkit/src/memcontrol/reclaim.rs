@@ -80,7 +80,7 @@ pub(crate) fn shrink_node_memcgs(
     for low_pass in [false, true] {
         let mut skipped = false;
         // (lists, scan size)
-        let mut eligible: Vec<(VecRef, u64)> = Vec::with_capacity(groups.len() + 1);
+        let mut eligible: Vec<(VecRef<'_>, u64)> = Vec::with_capacity(groups.len() + 1);
         if target.is_none() {
             let (a, i) = lru.root().nr_pages(lru, nid);
             if a + i > 0 {
@@ -111,10 +111,7 @@ pub(crate) fn shrink_node_memcgs(
                 g.stats.event(Event::Low);
             }
             let protection = if !low_pass && elow > emin { elow } else { emin };
-            eligible.push((
-                VecRef::Group(g.clone()),
-                proportional_scan(size, usage, protection),
-            ));
+            eligible.push((VecRef::Group(g), proportional_scan(size, usage, protection)));
         }
         freed += walk(mm, nid, nr, who, force, &eligible);
         if freed > 0 || !skipped {
@@ -131,7 +128,7 @@ fn walk(
     nr: usize,
     who: Reclaimer,
     force: bool,
-    eligible: &[(VecRef, u64)],
+    eligible: &[(VecRef<'_>, u64)],
 ) -> u64 {
     let total: u64 = eligible.iter().map(|e| e.1).sum();
     if total == 0 {

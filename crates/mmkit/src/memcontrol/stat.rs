@@ -75,7 +75,7 @@ pub struct MemCgStat {
     pub workingset_activate_anon: u64,
     /// Refaults of pages that were in the working set when evicted.
     pub workingset_restore_anon: u64,
-    /// Faults charged to the group (the slow path of the charge counted).
+    /// Faults in the group's spaces (first touches, swap-ins, lost races).
     pub pgfault: u64,
 }
 
@@ -315,7 +315,16 @@ impl MemCgroup {
             workingset_refault_anon: sum(Event::Refault),
             workingset_activate_anon: sum(Event::Activate),
             workingset_restore_anon: sum(Event::Restore),
-            pgfault: sum(Event::PgFault),
+            // Faults of the spaces gone, and of the live ones (counted by
+            // each space, so the fault path pays nothing here).
+            pgfault: sum(Event::PgFault)
+                + g.mm
+                    .spaces()
+                    .all()
+                    .iter()
+                    .filter(|s| s.inner().memcg().is_some_and(|x| x.is_descendant(g)))
+                    .map(|s| s.stats().faults)
+                    .sum::<u64>(),
         }
     }
 

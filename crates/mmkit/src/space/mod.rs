@@ -381,7 +381,7 @@ impl Drop for SpaceInner {
             tlb.remove_table(self.pgd);
         }
         if let Some(g) = &self.memcg {
-            g.space_gone();
+            g.space_gone(self.stats.get(Stat::Faults));
         }
         self.mm.spaces().release_id(self.id);
     }

@@ -282,11 +282,8 @@ impl SpaceInner {
             return Err(no_memory);
         };
         let page = lock.pfn();
-        // The slot holds the victim's content now: its swap charge goes to
-        // the victim's group; the victim's memory charge goes with its
-        // mapping, and the frame is this space's.
-        crate::memcontrol::move_swap_charge(mm, dev, entry, page);
-        crate::memcontrol::uncharge_batch(mm, &[(page, 0)]);
+        // `exchange_victim` moved the victim's charges; the frame is this
+        // space's now.
         if let Some(g) = memcg {
             mm.memcg().set_owner(page.get(), g.id);
         }
