@@ -471,13 +471,18 @@ impl Lru {
         safe: bool,
         mut f: impl FnMut(&mut Locked<'_>, u32, u16),
     ) {
-        let mut keyed: Vec<((u16, usize), u32)> = pfns
+        // One word per key (owner above the set), as cheap to sort as the
+        // set alone.
+        let mut keyed: Vec<(u64, u32)> = pfns
             .iter()
-            .map(|&p| ((Self::owner_of(mm, p), self.set_of(mm, p)), p))
+            .map(|&p| {
+                let owner = u64::from(Self::owner_of(mm, p));
+                ((owner << 32) | self.set_of(mm, p) as u64, p)
+            })
             .collect();
         keyed.sort_unstable_by_key(|&(k, _)| k);
         for run in keyed.chunk_by(|a, b| a.0 == b.0) {
-            let (owner, set) = run[0].0;
+            let (owner, set) = ((run[0].0 >> 32) as u16, run[0].0 as u32 as usize);
             let held = (safe && owner != 0).then(|| mm.memcg().get(owner));
             let vec = match &held {
                 Some(Some(g)) => VecRef::Group(g),

@@ -535,3 +535,32 @@ impl MemCgroup {
         Ok(charge::reclaim(g, pages) * PAGE_SIZE as u64)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Linux's `memory.high` penalty for a 64-page charge, high = 100M:
+    /// 101M 6 ms (under the 10 ms floor: not slept), 105M 159 ms, 110M 639 ms,
+    /// 118M and above the 2 s cap (mm/memcontrol.c's table).
+    #[test]
+    fn high_penalty_follows_linux() {
+        let mm = crate::space::tests::mm();
+        let g = mm.new_group().unwrap();
+        let mb = 256;
+        g.set_high(100 << 20).unwrap();
+        let at = |usage_mb: u64| {
+            g.inner.memory.charge(usage_mb * mb);
+            let d = charge::penalty(&g.inner, charge::CHARGE_BATCH);
+            g.inner.memory.uncharge(usage_mb * mb);
+            d.as_millis() as u64
+        };
+        assert_eq!(at(101), 0);
+        assert!((155..=165).contains(&at(105)), "{}", at(105));
+        assert!((630..=650).contains(&at(110)), "{}", at(110));
+        assert_eq!(at(118), 2000);
+        assert_eq!(at(200), charge::MAX_HIGH_DELAY.as_millis() as u64);
+        assert_eq!(charge::penalty(&g.inner, 0), Duration::ZERO);
+    }
+}
