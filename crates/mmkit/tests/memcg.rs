@@ -441,3 +441,61 @@ fn threads_in_groups_keep_every_byte_and_count_exactly() {
     assert_eq!(mm.nr_free_pages(), free0);
     mm.check().unwrap();
 }
+
+/// Migration keeps the owner: pages moved to another node stay charged to
+/// their group, on its lists (`check()` verifies both), `current` unchanged.
+#[test]
+fn migration_keeps_the_charge() {
+    use mmkit::{MbindFlags, MemPolicy, NodeMask, Topology};
+    let mm = Mm::builder()
+        .memory((32 * MIB) as usize)
+        .topology(Topology::emulated(2))
+        .kcompactd(false)
+        .build()
+        .unwrap();
+    let g = mm.new_group().unwrap();
+    let s = mm.new_space_in(&g).unwrap();
+    s.set_mempolicy(MemPolicy::Bind(NodeMask::from_nodes(&[0])))
+        .unwrap();
+    let pages = 64;
+    let a = s.mmap((pages * PAGE) as usize, MapFlags::empty()).unwrap();
+    fill(&s, a, pages, 4);
+    mm.check().unwrap();
+    let before = g.current();
+    let r = s
+        .mbind(
+            a,
+            (pages * PAGE) as usize,
+            MemPolicy::Bind(NodeMask::from_nodes(&[1])),
+            MbindFlags::MOVE,
+        )
+        .unwrap();
+    assert_eq!(r.moved, pages);
+    assert_eq!(g.current(), before);
+    assert_eq!(g.stat().anon / PAGE, pages);
+    mm.check().unwrap();
+    verify(&s, a, pages, 4);
+    drop(s);
+    assert_eq!(g.stat().anon, 0);
+    mm.check().unwrap();
+}
+
+/// A huge fault its group cannot be charged for falls back to order 0.
+#[test]
+fn huge_fault_over_the_limit_falls_back_to_order_0() {
+    let mm = mm(64 * MIB);
+    let g = mm.new_group().unwrap();
+    g.set_max(3 * MIB).unwrap();
+    let s = mm.new_space_in(&g).unwrap();
+    let a = s.mmap((4 * MIB) as usize, MapFlags::HUGE).unwrap();
+    s.write(a, &[1]).unwrap();
+    assert_eq!(s.stats().huge_pages, 1, "the first 2 MiB fits");
+    s.write(a + 2 * MIB, &[2]).unwrap();
+    let st = s.stats();
+    assert_eq!(st.huge_pages, 1, "the second does not: {st:?}");
+    assert!(st.huge_fallbacks >= 1);
+    assert!(g.current() <= 3 * MIB);
+    assert_eq!(g.stat().anon / PAGE, st.rss_pages);
+    drop(s);
+    mm.check().unwrap();
+}

@@ -9,8 +9,9 @@
 //!    itself, and the root, are unprotected);
 //! 2. each group with pages on the node's lists: below its effective `min`,
 //!    skipped; below its effective `low`, skipped on the first pass (the
-//!    second pass, run only when the first freed nothing and skipped a group,
-//!    reclaims it and counts `events.low`); otherwise its scan size is its
+//!    second pass, the last resort, runs only in reclaim's forced round when
+//!    the first freed nothing and skipped a group; it reclaims such a group
+//!    and counts `events.low`); otherwise its scan size is its
 //!    lists less their protected share (`proportional_scan`, at least 32);
 //! 3. `nr` is split among the eligible groups in proportion to their scan
 //!    sizes, and the groups are visited from the node's cursor (which moves
@@ -114,7 +115,10 @@ pub(crate) fn shrink_node_memcgs(
             eligible.push((VecRef::Group(g), proportional_scan(size, usage, protection)));
         }
         freed += walk(mm, nid, nr, who, force, &eligible);
-        if freed > 0 || !skipped {
+        // The low pass is the last resort (Linux runs it only after every
+        // priority freed nothing): only in the forced round, when the first
+        // pass freed nothing and skipped a protected group.
+        if freed > 0 || !skipped || !force {
             break;
         }
     }
