@@ -10,8 +10,8 @@
 //! (up to [`MAX_RECLAIM_RETRIES`] rounds) and the charge fails with
 //! `NoMemory` (`events.max`, then `events.oom`). Over `high` after a
 //! successful charge: the charging thread reclaims from every ancestor over
-//! its `high` (`events.high`), then sleeps Linux's penalty, at most
-//! [`MAX_HIGH_DELAY`].
+//! its `high` (`events.high`) while that progresses, then sleeps Linux's
+//! penalty, at most [`MAX_HIGH_DELAY`].
 //!
 //! Invariants: what a stock holds is charged to its group and counted in its
 //! `current` (so `current` >= the pages whose owner is the group); a charge
@@ -29,6 +29,7 @@ use mmkit_core::Platform;
 
 use super::stat::{Event, Stall};
 use super::{to_bytes, MemCgInner, MemCgTable};
+use crate::vmscan::SWAP_CLUSTER_MAX;
 use crate::{Error, Mm, Pfn, StdPlatform};
 
 /// Pages charged at once ahead of need (Linux's `MEMCG_CHARGE_BATCH`).
@@ -232,11 +233,12 @@ pub(crate) fn try_charge(g: &MemCgInner, nr: u64, order: u32) -> Result<(), Erro
     Ok(())
 }
 
-/// Linux's `mem_cgroup_handle_over_high` at the end of a charge of
-/// `nr` pages: every ancestor over its `high` is reclaimed toward it
-/// (`events.high`), then, if that did not bring the group back, the thread
-/// sleeps Linux's penalty (quadratic in the overage, scaled by the charge),
-/// at most [`MAX_HIGH_DELAY`].
+/// Linux's `mem_cgroup_handle_over_high` at the end of a charge of `nr`
+/// pages: every ancestor over its `high` is reclaimed toward it
+/// (`events.high`), again while that makes progress and the penalty is over
+/// 10 ms; once reclaim stops making progress the thread sleeps Linux's
+/// penalty (quadratic in the overage, scaled by the charge), at most
+/// [`MAX_HIGH_DELAY`].
 fn handle_over_high(g: &MemCgInner, nr: u64) {
     let mut x = Some(g);
     let mut over = false;
@@ -251,19 +253,42 @@ fn handle_over_high(g: &MemCgInner, nr: u64) {
         return;
     }
     let _stall = Stall::enter(g);
+    // Linux's `__mem_cgroup_handle_over_high`: reclaim while it progresses
+    // and the penalty is worth sleeping; sleep only once it stops.
+    // (Bounded here: a few rounds more than Linux's retries in all.)
+    let mut want = nr.max(CHARGE_BATCH);
+    let mut retries = MAX_RECLAIM_RETRIES;
+    for _ in 0..4 * MAX_RECLAIM_RETRIES {
+        let freed = reclaim_high(g, want);
+        let delay = penalty(g, nr);
+        if delay.is_zero() {
+            return;
+        }
+        if freed == 0 {
+            if retries == 0 {
+                break;
+            }
+            retries -= 1;
+        }
+        want = SWAP_CLUSTER_MAX as u64;
+    }
+    std::thread::sleep(penalty(g, nr));
+}
+
+/// Linux's `reclaim_high`: up to `nr` pages from every ancestor of `g` (and
+/// `g`) over its `high` (`events.high`); the pages freed.
+fn reclaim_high(g: &MemCgInner, nr: u64) -> u64 {
+    let mut freed = 0;
     let mut x = Some(g);
     while let Some(c) = x {
         let (usage, high) = (c.memory.usage(), c.memory.high());
         if usage > high {
             c.stats.event(Event::High);
-            super::reclaim_pages(c, (usage - high).min(nr.max(CHARGE_BATCH)));
+            freed += super::reclaim_pages(c, (usage - high).min(nr));
         }
         x = c.parent().map(|p| &**p);
     }
-    let delay = penalty(g, nr);
-    if !delay.is_zero() {
-        std::thread::sleep(delay);
-    }
+    freed
 }
 
 /// Linux's `calculate_high_delay`: the largest overage of `g` and its
