@@ -189,7 +189,10 @@ impl PageCounter {
     }
 
     fn raise_watermark(&self, new: u64) {
-        self.watermark.fetch_max(new, Ordering::Relaxed);
+        // A plain load first: most charges do not set a new peak.
+        if new > self.watermark.load(Ordering::Relaxed) {
+            self.watermark.fetch_max(new, Ordering::Relaxed);
+        }
     }
 
     /// Linux's `page_counter_charge`: adds `nr` at every level, ignoring the
