@@ -412,12 +412,15 @@ pub(crate) fn move_swap_charge(
 
 /// Linux's `memory_max_write`: the limit is set once the usage fits under
 /// it; until then the stocks are drained once and the group reclaimed, up to
-/// [`MAX_RECLAIM_RETRIES`] rounds without progress; then `Err` with the old
+/// [`MAX_RECLAIM_RETRIES`] rounds without progress (64 in all); then `Err` with the old
 /// limit in place.
 pub(super) fn set_max(g: &MemCgInner, pages: u64, bytes: u64) -> Result<(), Error> {
     let table = g.mm.memcg();
     let mut drained = false;
     let mut fruitless = 0;
+    // Bounded even while reclaim progresses (chargers may refill the group
+    // as fast as it is reclaimed: the old limit is in force meanwhile).
+    let mut rounds = 0;
     loop {
         let usage = match g.memory.set_max(pages) {
             Ok(()) => return Ok(()),
@@ -428,7 +431,8 @@ pub(super) fn set_max(g: &MemCgInner, pages: u64, bytes: u64) -> Result<(), Erro
             drain_all_stock(table, g);
             continue;
         }
-        if fruitless >= MAX_RECLAIM_RETRIES {
+        rounds += 1;
+        if fruitless >= MAX_RECLAIM_RETRIES || rounds > 4 * MAX_RECLAIM_RETRIES {
             g.stats.event(Event::Oom);
             return Err(Error::LimitBelowUsage {
                 group: g.id.into(),

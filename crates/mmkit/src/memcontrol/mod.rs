@@ -141,7 +141,7 @@ impl MemCgTable {
     /// on a frame the group owns (charged pages keep their group's spaces,
     /// and so the group, alive until they are uncharged).
     #[inline]
-    pub(crate) unsafe fn owning_group<'a>(&'a self, id: u16) -> Option<&'a MemCgInner> {
+    pub(crate) unsafe fn owning_group(&self, id: u16) -> Option<&MemCgInner> {
         let p = self.ptrs[id as usize].load(Ordering::Acquire);
         // SAFETY: non-null only between the group's creation and its drop,
         // and the caller guarantees the drop has not begun (see above).
