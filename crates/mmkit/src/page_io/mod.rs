@@ -369,11 +369,7 @@ impl FileDevice {
             let mut done = 0;
             let mut err = None;
             while done < chunk.len() {
-                match ring.submit_and_wait(chunk.len() - done) {
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                }
+                retry_eintr(|| ring.submit_and_wait(chunk.len() - done))?;
                 for cqe in ring.completion() {
                     done += 1;
                     let want = chunk[cqe.user_data() as usize].2;
@@ -436,26 +432,38 @@ impl FileDevice {
     }
 }
 
+/// A raw syscall's return value as a result: negative is `errno`.
+pub(crate) fn cvt(n: isize) -> io::Result<usize> {
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Runs `op` again while it fails with `EINTR` (the one retry loop of the
+/// swap devices' syscalls: files, `io_uring`, NBD sockets).
+pub(crate) fn retry_eintr<T>(mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match op() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            r => return r,
+        }
+    }
+}
+
 /// Runs `op(done, offset)` (one `pread`/`pwrite` of the rest from `done` bytes
 /// on) until `len` bytes moved, retrying on `EINTR` and short transfers.
 fn io_all(len: usize, off: u64, mut op: impl FnMut(usize, u64) -> isize) -> io::Result<()> {
     let mut done = 0;
     while done < len {
-        let n = op(done, off + done as u64);
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        let n = retry_eintr(|| cvt(op(done, off + done as u64)))?;
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "swap file too short",
             ));
         }
-        done += n as usize;
+        done += n;
     }
     Ok(())
 }
