@@ -8,7 +8,7 @@
 //! server, and, where libnbd's `nbdcopy` is installed, nbdcopy's rate on the
 //! same server with as many requests in flight (a ratio taken in one run).
 //!
-//! `cargo run --release -p mmkit --example nbd_bench [-- raw|chaos|all] [OPS CUTS]`
+//! `cargo run --release -p mmkit --example nbd_bench [-- raw|nodelay|delay|chaos|all] [OPS CUTS]`
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -90,6 +90,7 @@ struct Cpu {
     client_us: f64,
     server_us: f64,
     vcsw: f64,
+    server_cs: f64,
 }
 
 fn cpu(server: u32) -> Cpu {
@@ -104,7 +105,25 @@ fn cpu(server: u32) -> Cpu {
         client_us: tv(ru.ru_utime) + tv(ru.ru_stime),
         server_us: proc_cpu_us(server),
         vcsw: ru.ru_nvcsw as f64,
+        server_cs: proc_switches(server),
     }
+}
+
+/// Context switches of all threads of `pid` so far (their threads come and
+/// go less often than they switch, so the sum over the live ones is close).
+fn proc_switches(pid: u32) -> f64 {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    dir.flatten()
+        .map(|t| {
+            let s = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            s.lines()
+                .filter(|l| l.contains("ctxt_switches"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+                .sum::<f64>()
+        })
+        .sum()
 }
 
 /// utime + stime of `pid` from /proc (clock ticks: 10 ms resolution).
@@ -126,6 +145,7 @@ struct Fig {
     client_us_per_op: f64,
     server_us_per_op: f64,
     vcsw_per_op: f64,
+    server_cs_per_op: f64,
 }
 
 impl std::fmt::Display for Fig {
@@ -133,13 +153,14 @@ impl std::fmt::Display for Fig {
         write!(
             f,
             "{:.0} reads/s, mean {:.1} us, p99 {:.1} us, CPU/op client {:.1} us server {:.1} us, \
-             voluntary switches/op {:.2}",
+             voluntary switches/op {:.2}, server switches/op {:.2}",
             self.ops_per_s,
             self.mean_us,
             self.p99_us,
             self.client_us_per_op,
             self.server_us_per_op,
-            self.vcsw_per_op
+            self.vcsw_per_op,
+            self.server_cs_per_op
         )
     }
 }
@@ -181,13 +202,16 @@ fn reads(dev: &NbdBackend, server: u32, threads: usize, n: usize) -> Fig {
         client_us_per_op: (c1.client_us - c0.client_us) / ops,
         server_us_per_op: (c1.server_us - c0.server_us) / ops,
         vcsw_per_op: (c1.vcsw - c0.vcsw) / ops,
+        server_cs_per_op: (c1.server_cs - c0.server_cs) / ops,
     }
 }
 
 /// libnbd's nbdcopy reading the whole export with `requests` in flight on
-/// one connection, 4 KiB each: (reads/s, its CPU us/op, the server's).
-fn nbdcopy(srv: &Srv, requests: usize) -> Option<(f64, f64, f64)> {
+/// one connection, 4 KiB each: (reads/s, its CPU us/op, the server's, the
+/// server's context switches per op).
+fn nbdcopy(srv: &Srv, requests: usize) -> Option<(f64, f64, f64, f64)> {
     let s0 = proc_cpu_us(srv.0.id());
+    let w0 = proc_switches(srv.0.id());
     let t0 = Instant::now();
     let child = Command::new("nbdcopy")
         .args(["--connections=1", "--request-size=4096"])
@@ -207,11 +231,13 @@ fn nbdcopy(srv: &Srv, requests: usize) -> Option<(f64, f64, f64)> {
     let ops = ((BYTES + PAGE as u64) / PAGE as u64) as f64;
     let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
     let s1 = proc_cpu_us(srv.0.id());
+    let w1 = proc_switches(srv.0.id());
     (status == 0).then(|| {
         (
             ops / secs,
             (tv(ru.ru_utime) + tv(ru.ru_stime)) / ops,
             (s1 - s0) / ops,
+            (w1 - w0) / ops,
         )
     })
 }
@@ -230,28 +256,40 @@ fn load() -> String {
         .to_string()
 }
 
-/// The raw device figures, each next to nbdcopy's on the same server.
-fn raw(dir: &Path) {
+/// The raw device figures, each next to nbdcopy's on the same server:
+/// without delay (`nodelay`), with `delay-read=1ms` (`delay`), or both.
+fn raw(dir: &Path, which: &str) {
     let have_copy = Command::new("nbdcopy")
         .arg("--version")
         .stdout(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     let size = format!("{}", BYTES + PAGE as u64);
-    let srv = Srv::start(dir, "mem", &["--filter=noextents", "memory", &size]);
+    println!("load before: {}", load());
+    if which != "delay" {
+        raw_nodelay(dir, &size, have_copy);
+    }
+    if which != "nodelay" {
+        raw_delay(dir, &size, have_copy);
+    }
+    println!("load after: {}", load());
+}
+
+fn raw_nodelay(dir: &Path, size: &str, have_copy: bool) {
+    let srv = Srv::start(dir, "mem", &["--filter=noextents", "memory", size]);
     let pid = srv.0.id();
     let dev = NbdBackend::connect(&srv.uri(), BYTES).unwrap();
     fill(&dev);
-    println!("load before: {}", load());
     let _ = reads(&dev, pid, 1, 2000);
     for (threads, n) in [(1, 20_000), (16, 4_000)] {
         let f = reads(&dev, pid, threads, n);
         println!("{threads} in flight: {f}");
         if have_copy {
-            if let Some((r, cc, sc)) = nbdcopy(&srv, threads) {
+            if let Some((r, cc, sc, sw)) = nbdcopy(&srv, threads) {
                 println!(
                     "  nbdcopy --requests={threads}: {r:.0} reads/s (mmkit/nbdcopy {:.2}), \
-                     mean {:.1} us, CPU/op nbdcopy {cc:.1} us server {sc:.1} us",
+                     mean {:.1} us, CPU/op nbdcopy {cc:.1} us server {sc:.1} us, \
+                     server switches/op {sw:.2}",
                     f.ops_per_s / r,
                     threads as f64 * 1e6 / r
                 );
@@ -259,8 +297,9 @@ fn raw(dir: &Path) {
         }
     }
     println!("{:?}", dev.stats());
-    drop(dev);
-    drop(srv);
+}
+
+fn raw_delay(dir: &Path, size: &str, have_copy: bool) {
     let srv = Srv::start(
         dir,
         "delay",
@@ -270,7 +309,7 @@ fn raw(dir: &Path) {
             "--filter=noextents",
             "--filter=delay",
             "memory",
-            &size,
+            size,
             "delay-read=1ms",
         ],
     );
@@ -279,7 +318,7 @@ fn raw(dir: &Path) {
     let f = reads(&dev, srv.0.id(), 64, 500);
     println!("delay-read=1ms, 64 in flight: {f}");
     if have_copy {
-        if let Some((r, _, _)) = nbdcopy(&srv, 64) {
+        if let Some((r, ..)) = nbdcopy(&srv, 64) {
             println!(
                 "  nbdcopy --requests=64: {r:.0} reads/s (mmkit/nbdcopy {:.2})",
                 f.ops_per_s / r
@@ -288,7 +327,6 @@ fn raw(dir: &Path) {
     } else {
         println!("nbdcopy: not installed (apt-get install libnbd-bin), no comparison");
     }
-    println!("load after: {}", load());
 }
 
 fn chaos(dir: &Path, ops: u64, cuts: u32) {
@@ -405,8 +443,8 @@ fn main() {
     let ops = nums.first().copied().unwrap_or(200_000);
     let cuts = nums.get(1).copied().unwrap_or(20) as u32;
     let dir = tempfile_dir();
-    if mode == "raw" || mode == "all" {
-        raw(&dir);
+    if ["raw", "nodelay", "delay", "all"].contains(&mode.as_str()) {
+        raw(&dir, &mode);
     }
     if mode == "chaos" || mode == "all" {
         chaos(&dir, ops, cuts);
