@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use mmkit::{Error, MapFlags, Mm, NbdBackend, SwapBackend, SwapDevice};
 
 const PAGE: usize = 4096;
-const BYTES: u64 = 256 << 20;
+/// The device of the raw figures (nbdcopy reads the whole export each round).
+const BYTES: u64 = 32 << 20;
 
 struct Srv(Child, PathBuf);
 impl Srv {
@@ -207,11 +208,9 @@ fn reads(dev: &NbdBackend, server: u32, threads: usize, n: usize) -> Fig {
 }
 
 /// libnbd's nbdcopy reading the whole export with `requests` in flight on
-/// one connection, 4 KiB each: (reads/s, its CPU us/op, the server's, the
-/// server's context switches per op).
-fn nbdcopy(srv: &Srv, requests: usize) -> Option<(f64, f64, f64, f64)> {
+/// one connection, 4 KiB each: (reads/s, its CPU us/op, the server's).
+fn nbdcopy(srv: &Srv, requests: usize) -> Option<(f64, f64, f64)> {
     let s0 = proc_cpu_us(srv.0.id());
-    let w0 = proc_switches(srv.0.id());
     let t0 = Instant::now();
     let child = Command::new("nbdcopy")
         .args(["--connections=1", "--request-size=4096"])
@@ -231,13 +230,11 @@ fn nbdcopy(srv: &Srv, requests: usize) -> Option<(f64, f64, f64, f64)> {
     let ops = ((BYTES + PAGE as u64) / PAGE as u64) as f64;
     let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
     let s1 = proc_cpu_us(srv.0.id());
-    let w1 = proc_switches(srv.0.id());
     (status == 0).then(|| {
         (
             ops / secs,
             (tv(ru.ru_utime) + tv(ru.ru_stime)) / ops,
             (s1 - s0) / ops,
-            (w1 - w0) / ops,
         )
     })
 }
@@ -275,27 +272,54 @@ fn raw(dir: &Path, which: &str) {
     println!("load after: {}", load());
 }
 
-fn raw_nodelay(dir: &Path, size: &str, have_copy: bool) {
-    let srv = Srv::start(dir, "mem", &["--filter=noextents", "memory", size]);
-    let pid = srv.0.id();
-    let dev = NbdBackend::connect(&srv.uri(), BYTES).unwrap();
-    fill(&dev);
-    let _ = reads(&dev, pid, 1, 2000);
-    for (threads, n) in [(1, 20_000), (16, 4_000)] {
-        let f = reads(&dev, pid, threads, n);
-        println!("{threads} in flight: {f}");
-        if have_copy {
-            if let Some((r, cc, sc, sw)) = nbdcopy(&srv, threads) {
-                println!(
-                    "  nbdcopy --requests={threads}: {r:.0} reads/s (mmkit/nbdcopy {:.2}), \
-                     mean {:.1} us, CPU/op nbdcopy {cc:.1} us server {sc:.1} us, \
-                     server switches/op {sw:.2}",
-                    f.ops_per_s / r,
-                    threads as f64 * 1e6 / r
-                );
-            }
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// `rounds` rounds of `threads` x `n` random reads by mmkit, each followed
+/// by nbdcopy reading the export with `threads` requests in flight; every
+/// round printed, then the medians and the median of the rounds' ratios.
+fn compare(srv: &Srv, dev: &NbdBackend, threads: usize, n: usize, rounds: usize, copy: bool) {
+    let (mut ours, mut theirs, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..rounds {
+        let f = reads(dev, srv.0.id(), threads, n);
+        println!("  round {r}: mmkit {f}");
+        ours.push(f.ops_per_s);
+        if let Some((rate, cc, sc)) = copy.then(|| nbdcopy(srv, threads)).flatten() {
+            println!(
+                "  round {r}: nbdcopy {rate:.0} reads/s, CPU/op nbdcopy {cc:.1} us server {sc:.1} us"
+            );
+            theirs.push(rate);
+            ratio.push(f.ops_per_s / rate);
         }
     }
+    let mean_us = |rate: f64| threads as f64 * 1e6 / rate;
+    let m = median(ours);
+    print!(
+        "{threads} in flight: mmkit {m:.0} reads/s ({:.1} us per read)",
+        mean_us(m)
+    );
+    if theirs.is_empty() {
+        println!(", nbdcopy not installed (apt-get install libnbd-bin)");
+    } else {
+        let t = median(theirs);
+        println!(
+            ", nbdcopy {t:.0} reads/s ({:.1} us); mmkit/nbdcopy {:.2} (median of {rounds} rounds)",
+            mean_us(t),
+            median(ratio)
+        );
+    }
+}
+
+fn raw_nodelay(dir: &Path, size: &str, have_copy: bool) {
+    let srv = Srv::start(dir, "mem", &["--filter=noextents", "memory", size]);
+    let dev = NbdBackend::connect(&srv.uri(), BYTES).unwrap();
+    fill(&dev);
+    let _ = reads(&dev, srv.0.id(), 1, 2000);
+    let pages = (BYTES / PAGE as u64) as usize;
+    compare(&srv, &dev, 1, pages, 5, have_copy);
+    compare(&srv, &dev, 16, pages / 16, 5, have_copy);
     println!("{:?}", dev.stats());
 }
 
@@ -315,18 +339,9 @@ fn raw_delay(dir: &Path, size: &str, have_copy: bool) {
     );
     let dev = NbdBackend::connect(&srv.uri(), BYTES).unwrap();
     fill(&dev);
-    let f = reads(&dev, srv.0.id(), 64, 500);
-    println!("delay-read=1ms, 64 in flight: {f}");
-    if have_copy {
-        if let Some((r, ..)) = nbdcopy(&srv, 64) {
-            println!(
-                "  nbdcopy --requests=64: {r:.0} reads/s (mmkit/nbdcopy {:.2})",
-                f.ops_per_s / r
-            );
-        }
-    } else {
-        println!("nbdcopy: not installed (apt-get install libnbd-bin), no comparison");
-    }
+    let pages = (BYTES / PAGE as u64) as usize;
+    println!("delay-read=1ms:");
+    compare(&srv, &dev, 64, pages / 64, 3, have_copy);
 }
 
 fn chaos(dir: &Path, ops: u64, cuts: u32) {

@@ -6,7 +6,9 @@
 //!
 //! The socket's receive timeout is a short tick: a receive that finds nothing
 //! for a tick checks the receiver's deadline (`TimedOut` once it passed) and
-//! goes on waiting otherwise.
+//! goes on waiting otherwise. A receiver alone on its connection may first
+//! poll the socket for a few microseconds (`spin`): a reply that comes that
+//! soon then costs no sleep and no wakeup.
 //!
 //! Invariants: `start <= end <= buf.len()`; bytes `start..end` are received
 //! and not yet consumed. Allocated once per connection. Locking: the `rx`
@@ -14,7 +16,7 @@
 
 use std::io;
 use std::os::fd::RawFd;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::proto::closed;
 use crate::page_io::{cvt, retry_eintr};
@@ -26,6 +28,8 @@ pub(crate) struct Rx {
     pub(crate) fd: RawFd,
     /// The current receiver's deadline.
     pub(crate) deadline: Option<Instant>,
+    /// How long a receive polls before it sleeps (zero: it sleeps at once).
+    pub(crate) spin: Duration,
 }
 
 impl Rx {
@@ -36,6 +40,7 @@ impl Rx {
             end: 0,
             fd: -1,
             deadline: None,
+            spin: Duration::ZERO,
         }
     }
 
@@ -44,12 +49,23 @@ impl Rx {
         (self.start, self.end, self.fd) = (0, 0, fd);
     }
 
+    /// Bytes received and not consumed yet.
+    pub(crate) fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
     /// One `recv` of at most `len` bytes into `p` (all of them with
     /// `MSG_WAITALL`), waiting until the deadline; 0 bytes is an error (EOF).
     ///
     /// # Safety
     /// `p` is valid for writes of `len` bytes and nothing else accesses it.
     unsafe fn recv(&self, p: *mut u8, len: usize, flags: i32) -> io::Result<usize> {
+        if !self.spin.is_zero() {
+            // SAFETY: the caller's contract.
+            if let Some(n) = unsafe { self.recv_spinning(p, len)? } {
+                return Ok(n);
+            }
+        }
         loop {
             // SAFETY: the caller's contract.
             let r = retry_eintr(|| cvt(unsafe { libc::recv(self.fd, p.cast(), len, flags) }));
@@ -66,6 +82,33 @@ impl Rx {
                 }
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Polls the socket without sleeping for up to `spin`: `None` when
+    /// nothing came (the caller then sleeps in `recv`).
+    ///
+    /// # Safety
+    /// As for `recv`.
+    unsafe fn recv_spinning(&self, p: *mut u8, len: usize) -> io::Result<Option<usize>> {
+        let until = Instant::now() + self.spin;
+        loop {
+            // SAFETY: the caller's contract.
+            let r = cvt(unsafe { libc::recv(self.fd, p.cast(), len, libc::MSG_DONTWAIT) });
+            match r {
+                Ok(0) => return Err(closed()),
+                Ok(n) => return Ok(Some(n)),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+            if Instant::now() >= until {
+                return Ok(None);
+            }
+            std::hint::spin_loop();
         }
     }
 
