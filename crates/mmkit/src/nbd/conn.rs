@@ -442,7 +442,7 @@ impl Client {
             };
             match self.recv_one(c, &mut rx) {
                 Ok(Some(done)) if done == i => own = true,
-                Ok(_) if !own && Instant::now() >= deadline => break Err(timed_out("read")),
+                Ok(_) if !own && Instant::now() >= deadline => break Err(timed_out("reply")),
                 Ok(_) => {}
                 Err(e) => break Err(e),
             }
