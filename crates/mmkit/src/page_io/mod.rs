@@ -609,7 +609,18 @@ impl SwapIo {
         for c in &self.csum[range.clone()] {
             c.store(0, Ordering::Release);
         }
-        let crcs: Vec<u32> = pages.iter().map(|p| crc32c::crc32c(p)).collect();
+        // On the stack for a reclaim batch; only a longer run allocates.
+        let (mut stack, mut heap) = ([0u32; 64], Vec::new());
+        let crcs: &mut [u32] = match stack.get_mut(..pages.len()) {
+            Some(s) => s,
+            None => {
+                heap.resize(pages.len(), 0);
+                &mut heap
+            }
+        };
+        for (c, p) in crcs.iter_mut().zip(pages) {
+            *c = crc32c::crc32c(p);
+        }
         let off = first as u64 * PAGE;
         let r = match &self.backend {
             Backend::File(f) => f.write_runs(&[(off, pages)]),
@@ -620,7 +631,7 @@ impl SwapIo {
                 .try_for_each(|(i, p)| b.dev().write(off + i as u64 * PAGE, p)),
         };
         r.map_err(|e| self.io_err(first, e))?;
-        for (c, crc) in self.csum[range].iter().zip(crcs) {
+        for (c, &crc) in self.csum[range].iter().zip(crcs.iter()) {
             c.store(CSUM_VALID | crc as u64, Ordering::Release);
         }
         self.pswpout
