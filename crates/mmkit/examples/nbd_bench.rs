@@ -4,7 +4,11 @@
 //! with `error-rate=1%` and connection cuts (a restarted `nbdkit nbd` proxy),
 //! counting lost pages and wrong bytes.
 //!
-//! `cargo run --release -p mmkit --example nbd_bench [-- OPS CUTS]`
+//! Each raw figure comes with the CPU time per read of the client and of the
+//! server, and, where libnbd's `nbdcopy` is installed, nbdcopy's rate on the
+//! same server with as many requests in flight (a ratio taken in one run).
+//!
+//! `cargo run --release -p mmkit --example nbd_bench [-- raw|nodelay|delay|chaos|all] [OPS CUTS]`
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -14,7 +18,8 @@ use std::time::{Duration, Instant};
 use mmkit::{Error, MapFlags, Mm, NbdBackend, SwapBackend, SwapDevice};
 
 const PAGE: usize = 4096;
-const BYTES: u64 = 256 << 20;
+/// The device of the raw figures (nbdcopy reads the whole export each round).
+const BYTES: u64 = 32 << 20;
 
 struct Srv(Child, PathBuf);
 impl Srv {
@@ -79,8 +84,91 @@ fn pct(v: &mut [u64], p: f64) -> f64 {
     v[((v.len() as f64 * p) as usize).min(v.len() - 1)] as f64 / 1000.0
 }
 
-/// `threads` threads each doing `n` random 4 KiB reads: (ops/s, mean us, p99 us).
-fn reads(dev: &NbdBackend, threads: usize, n: usize) -> (f64, f64, f64) {
+/// CPU time (us) this process and `server` (a pid) used so far, and this
+/// process's voluntary context switches.
+#[derive(Copy, Clone)]
+struct Cpu {
+    client_us: f64,
+    server_us: f64,
+    vcsw: f64,
+    server_cs: f64,
+}
+
+fn cpu(server: u32) -> Cpu {
+    // SAFETY: getrusage fills the zeroed struct we own.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    Cpu {
+        client_us: tv(ru.ru_utime) + tv(ru.ru_stime),
+        server_us: proc_cpu_us(server),
+        vcsw: ru.ru_nvcsw as f64,
+        server_cs: proc_switches(server),
+    }
+}
+
+/// Context switches of all threads of `pid` so far (their threads come and
+/// go less often than they switch, so the sum over the live ones is close).
+fn proc_switches(pid: u32) -> f64 {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    dir.flatten()
+        .map(|t| {
+            let s = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            s.lines()
+                .filter(|l| l.contains("ctxt_switches"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+                .sum::<f64>()
+        })
+        .sum()
+}
+
+/// utime + stime of `pid` from /proc (clock ticks: 10 ms resolution).
+fn proc_cpu_us(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = s.rsplit_once(')').map_or("", |x| x.1);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|x| x.parse().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|x| x.parse().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf has no preconditions.
+    ticks * 1e6 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// One phase's figures.
+struct Fig {
+    ops_per_s: f64,
+    mean_us: f64,
+    p99_us: f64,
+    client_us_per_op: f64,
+    server_us_per_op: f64,
+    vcsw_per_op: f64,
+    server_cs_per_op: f64,
+}
+
+impl std::fmt::Display for Fig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.0} reads/s, mean {:.1} us, p99 {:.1} us, CPU/op client {:.1} us server {:.1} us, \
+             voluntary switches/op {:.2}, server switches/op {:.2}",
+            self.ops_per_s,
+            self.mean_us,
+            self.p99_us,
+            self.client_us_per_op,
+            self.server_us_per_op,
+            self.vcsw_per_op,
+            self.server_cs_per_op
+        )
+    }
+}
+
+/// `threads` threads each doing `n` random 4 KiB reads.
+fn reads(dev: &NbdBackend, server: u32, threads: usize, n: usize) -> Fig {
+    let c0 = cpu(server);
     let t0 = Instant::now();
     let mut lat: Vec<u64> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
@@ -105,9 +193,50 @@ fn reads(dev: &NbdBackend, threads: usize, n: usize) -> (f64, f64, f64) {
         hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });
     let secs = t0.elapsed().as_secs_f64();
-    let mean = lat.iter().sum::<u64>() as f64 / lat.len() as f64 / 1000.0;
-    let p99 = pct(&mut lat, 0.99);
-    (lat.len() as f64 / secs, mean, p99)
+    let c1 = cpu(server);
+    let ops = lat.len() as f64;
+    let mean = lat.iter().sum::<u64>() as f64 / ops / 1000.0;
+    Fig {
+        ops_per_s: ops / secs,
+        mean_us: mean,
+        p99_us: pct(&mut lat, 0.99),
+        client_us_per_op: (c1.client_us - c0.client_us) / ops,
+        server_us_per_op: (c1.server_us - c0.server_us) / ops,
+        vcsw_per_op: (c1.vcsw - c0.vcsw) / ops,
+        server_cs_per_op: (c1.server_cs - c0.server_cs) / ops,
+    }
+}
+
+/// libnbd's nbdcopy reading the whole export with `requests` in flight on
+/// one connection, 4 KiB each: (reads/s, its CPU us/op, the server's).
+fn nbdcopy(srv: &Srv, requests: usize) -> Option<(f64, f64, f64)> {
+    let s0 = proc_cpu_us(srv.0.id());
+    let t0 = Instant::now();
+    let child = Command::new("nbdcopy")
+        .args(["--connections=1", "--request-size=4096"])
+        .arg(format!("--requests={requests}"))
+        .arg(srv.uri())
+        .arg("null:")
+        .spawn()
+        .ok()?;
+    let mut status = 0;
+    // SAFETY: rusage for our own child, reaped here.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::wait4(child.id() as i32, &mut status, 0, &mut ru);
+        ru
+    };
+    let secs = t0.elapsed().as_secs_f64();
+    let ops = ((BYTES + PAGE as u64) / PAGE as u64) as f64;
+    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    let s1 = proc_cpu_us(srv.0.id());
+    (status == 0).then(|| {
+        (
+            ops / secs,
+            (tv(ru.ru_utime) + tv(ru.ru_stime)) / ops,
+            (s1 - s0) / ops,
+        )
+    })
 }
 
 fn fill(dev: &NbdBackend) {
@@ -115,6 +244,104 @@ fn fill(dev: &NbdBackend) {
     for off in (0..BYTES).step_by(chunk.len()) {
         dev.write(off, &chunk).unwrap();
     }
+}
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// The raw device figures, each next to nbdcopy's on the same server:
+/// without delay (`nodelay`), with `delay-read=1ms` (`delay`), or both.
+fn raw(dir: &Path, which: &str) {
+    let have_copy = Command::new("nbdcopy")
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let size = format!("{}", BYTES + PAGE as u64);
+    println!("load before: {}", load());
+    if which != "delay" {
+        raw_nodelay(dir, &size, have_copy);
+    }
+    if which != "nodelay" {
+        raw_delay(dir, &size, have_copy);
+    }
+    println!("load after: {}", load());
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// `rounds` rounds of `threads` x `n` random reads by mmkit, each followed
+/// by nbdcopy reading the export with `threads` requests in flight; every
+/// round printed, then the medians and the median of the rounds' ratios.
+fn compare(srv: &Srv, dev: &NbdBackend, threads: usize, n: usize, rounds: usize, copy: bool) {
+    let (mut ours, mut theirs, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..rounds {
+        let f = reads(dev, srv.0.id(), threads, n);
+        println!("  round {r}: mmkit {f}");
+        ours.push(f.ops_per_s);
+        if let Some((rate, cc, sc)) = copy.then(|| nbdcopy(srv, threads)).flatten() {
+            println!(
+                "  round {r}: nbdcopy {rate:.0} reads/s, CPU/op nbdcopy {cc:.1} us server {sc:.1} us"
+            );
+            theirs.push(rate);
+            ratio.push(f.ops_per_s / rate);
+        }
+    }
+    let mean_us = |rate: f64| threads as f64 * 1e6 / rate;
+    let m = median(ours);
+    print!(
+        "{threads} in flight: mmkit {m:.0} reads/s ({:.1} us per read)",
+        mean_us(m)
+    );
+    if theirs.is_empty() {
+        println!(", nbdcopy not installed (apt-get install libnbd-bin)");
+    } else {
+        let t = median(theirs);
+        println!(
+            ", nbdcopy {t:.0} reads/s ({:.1} us); mmkit/nbdcopy {:.2} (median of {rounds} rounds)",
+            mean_us(t),
+            median(ratio)
+        );
+    }
+}
+
+fn raw_nodelay(dir: &Path, size: &str, have_copy: bool) {
+    let srv = Srv::start(dir, "mem", &["--filter=noextents", "memory", size]);
+    let dev = NbdBackend::connect(&srv.uri(), BYTES).unwrap();
+    fill(&dev);
+    let _ = reads(&dev, srv.0.id(), 1, 2000);
+    let pages = (BYTES / PAGE as u64) as usize;
+    compare(&srv, &dev, 1, pages, 5, have_copy);
+    compare(&srv, &dev, 16, pages / 16, 5, have_copy);
+    println!("{:?}", dev.stats());
+}
+
+fn raw_delay(dir: &Path, size: &str, have_copy: bool) {
+    let srv = Srv::start(
+        dir,
+        "delay",
+        &[
+            "-t",
+            "64",
+            "--filter=noextents",
+            "--filter=delay",
+            "memory",
+            size,
+            "delay-read=1ms",
+        ],
+    );
+    let dev = NbdBackend::connect(&srv.uri(), BYTES).unwrap();
+    fill(&dev);
+    let pages = (BYTES / PAGE as u64) as usize;
+    println!("delay-read=1ms:");
+    compare(&srv, &dev, 64, pages / 64, 3, have_copy);
 }
 
 fn chaos(dir: &Path, ops: u64, cuts: u32) {
@@ -220,49 +447,23 @@ fn chaos(dir: &Path, ops: u64, cuts: u32) {
 }
 
 fn main() {
-    let args: Vec<u64> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    let ops = args.first().copied().unwrap_or(200_000);
-    let cuts = args.get(1).copied().unwrap_or(20) as u32;
+    let mut mode = "all".to_string();
+    let mut nums = Vec::new();
+    for a in std::env::args().skip(1) {
+        match a.parse::<u64>() {
+            Ok(n) => nums.push(n),
+            Err(_) => mode = a,
+        }
+    }
+    let ops = nums.first().copied().unwrap_or(200_000);
+    let cuts = nums.get(1).copied().unwrap_or(20) as u32;
     let dir = tempfile_dir();
-    if std::env::var_os("CHAOS_ONLY").is_some() {
+    if ["raw", "nodelay", "delay", "all"].contains(&mode.as_str()) {
+        raw(&dir, &mode);
+    }
+    if mode == "chaos" || mode == "all" {
         chaos(&dir, ops, cuts);
-        return;
     }
-    {
-        let srv = Srv::start(&dir, "mem", &["memory", "1G"]);
-        let dev = NbdBackend::connect(&srv.uri(), BYTES).unwrap();
-        fill(&dev);
-        let _ = reads(&dev, 1, 2000);
-        let (r, mean, p99) = reads(&dev, 1, 20_000);
-        println!("1 in flight: {r:.0} reads/s, mean {mean:.1} us, p99 {p99:.1} us");
-        let (r, mean, p99) = reads(&dev, 16, 10_000);
-        println!("16 in flight: {r:.0} reads/s, mean {mean:.1} us, p99 {p99:.1} us");
-        println!("{:?}", dev.stats());
-    }
-    {
-        let srv = Srv::start(
-            &dir,
-            "delay",
-            &[
-                "-t",
-                "64",
-                "--filter=delay",
-                "memory",
-                "1G",
-                "delay-read=1ms",
-            ],
-        );
-        let dev = NbdBackend::connect(&srv.uri(), BYTES).unwrap();
-        fill(&dev);
-        let (r, mean, p99) = reads(&dev, 64, 1000);
-        println!(
-            "delay-read=1ms, 64 in flight: {r:.0} reads/s, mean {mean:.1} us, p99 {p99:.1} us"
-        );
-    }
-    chaos(&dir, ops, cuts);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

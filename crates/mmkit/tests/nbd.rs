@@ -12,7 +12,7 @@ use common::{used_swap, Rng};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use mmkit::{Error, MapFlags, Mm, Space, SwapDevice, SwapKind, PAGE_SIZE};
+use mmkit::{Error, MapFlags, Mm, NbdBackend, Space, SwapBackend, SwapDevice, SwapKind, PAGE_SIZE};
 use nbd_servers::{have, skip, Server};
 
 const MIB: usize = 1 << 20;
@@ -409,6 +409,99 @@ fn cut_connections_lose_nothing() {
     mm.drain_all_pages();
     assert_eq!(mm.nr_free_pages(), free0, "pages leaked");
     mm.check().unwrap();
+}
+
+/// The page of slot `slot` written in round `round`: every word names both.
+fn pattern(slot: u64, round: u64) -> Vec<u8> {
+    (0..PAGE / 8)
+        .flat_map(|w| (slot << 40 ^ round << 20 ^ w).to_le_bytes())
+        .collect()
+}
+
+/// Many more callers than cores on one device: whoever waits receives the
+/// replies of the others (one holds the receive side at a time, the others
+/// sleep and are handed it), and every page read is the one last written.
+#[test]
+fn many_callers_share_the_receive_side() {
+    if !have("nbdkit") {
+        return skip("many_callers_share_the_receive_side", "nbdkit");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::nbdkit(dir.path(), "mem", &["memory", "64M"]);
+    let dev = NbdBackend::connect(&srv.uri(""), 32 << 20).unwrap();
+    const THREADS: u64 = 48;
+    const OWN: u64 = 64;
+    std::thread::scope(|sc| {
+        for t in 0..THREADS {
+            let dev = &dev;
+            sc.spawn(move || {
+                let mut rng = Rng(t + 1);
+                let mut round = vec![0u64; OWN as usize];
+                let mut buf = vec![0u8; 4 * PAGE as usize];
+                for s in 0..OWN {
+                    dev.write((t * OWN + s) * PAGE, &pattern(t * OWN + s, 0))
+                        .unwrap();
+                }
+                for _ in 0..300 {
+                    let (first, n) = (rng.next() % (OWN - 4), 1 + rng.next() % 4);
+                    let slot = t * OWN + first;
+                    if rng.next().is_multiple_of(4) {
+                        let mut pages = Vec::new();
+                        for k in 0..n {
+                            round[(first + k) as usize] += 1;
+                            pages.extend(pattern(slot + k, round[(first + k) as usize]));
+                        }
+                        dev.write(slot * PAGE, &pages).unwrap();
+                    } else {
+                        let b = &mut buf[..(n * PAGE) as usize];
+                        dev.read(slot * PAGE, b).unwrap();
+                        for k in 0..n {
+                            let want = pattern(slot + k, round[(first + k) as usize]);
+                            let got = &b[(k * PAGE) as usize..((k + 1) * PAGE) as usize];
+                            assert!(got == want, "slot {}", slot + k);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let st = dev.stats();
+    assert_eq!((st.timeouts, st.error_replies, st.reconnects), (0, 0, 0));
+}
+
+/// A connection that breaks while nothing is in flight is noticed by its
+/// watcher and reconnected without waiting for a request; the data written
+/// before reads back.
+#[test]
+fn idle_connection_cut_reconnects() {
+    if !have("nbdkit") {
+        return skip("idle_connection_cut_reconnects", "nbdkit");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let back = Server::nbdkit(dir.path(), "back", &["memory", "64M"]);
+    let sock = format!("socket={}", back.sock.display());
+    let mut front = Server::nbdkit(dir.path(), "front", &["nbd", &sock]);
+    let dev = NbdBackend::connect(&front.uri(""), 16 << 20).unwrap();
+    for s in 0..64 {
+        dev.write(s * PAGE, &pattern(s, 7)).unwrap();
+    }
+    front.restart();
+    let t0 = std::time::Instant::now();
+    while dev.stats().reconnects < dev.stats().connections as u64 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "no reconnect without a request: {:?}",
+            dev.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut b = vec![0u8; PAGE as usize];
+    for s in 0..64 {
+        dev.read(s * PAGE, &mut b).unwrap();
+        assert!(b == pattern(s, 7), "slot {s}");
+    }
+    let st = dev.stats();
+    assert_eq!((st.resent, st.timeouts, st.lost), (0, 0, false), "{st:?}");
 }
 
 /// A server that restarts has lost its memory: every slot it held reads as an

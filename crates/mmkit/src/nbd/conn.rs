@@ -1,41 +1,54 @@
 //! NBD connections in the transmission phase: a fixed table of request slots
 //! per connection (the cookie names the slot and its generation), callers that
-//! send their own requests and sleep on their slot, and one reader thread per
-//! connection (`reader.rs`) that receives replies (simple or structured)
-//! straight into the waiting caller's buffer, and reconnects with backoff when
-//! the connection breaks.
+//! send their own requests and receive the replies themselves, and one
+//! watcher thread per connection (`reader.rs`) that notices a broken
+//! connection, settles its slots and reconnects with backoff.
+//!
+//! Receiving (leader/follower): a caller waiting for its reply takes the
+//! connection's `rx` lock if it is free and receives replies, simple or
+//! structured, straight into the buffers of whichever callers they are for,
+//! waking them, until its own reply is in; then it lets go and wakes one
+//! sleeping caller to take over. A caller that finds `rx` taken sleeps on its
+//! slot. With one request in flight the caller sends, receives and returns
+//! with no other thread involved.
 //!
 //! Slot phases: `Free` -> `Ready` (a caller holds it) -> `InFlight` (sent) ->
-//! `Receiving` (the reader copies payload into the caller's buffer) ->
+//! `Receiving` (the receiver copies payload into the caller's buffer) ->
 //! `InFlight` ... -> `Done` (the caller reads the result and frees it).
 //! A broken connection turns `InFlight` reads into `Resend` (the caller sends
 //! them again once the link is back) and `InFlight` writes and trims into
 //! `Done(ECONNRESET)`. A caller whose deadline passes turns `InFlight` into
 //! `Cancelled` and shuts the connection down (a server that does not answer
-//! in time is treated as hung); the reader frees a `Cancelled` slot when its
-//! reply arrives (draining the payload) or when the connection resets.
+//! in time is treated as hung); a `Cancelled` slot is freed when its reply
+//! arrives (the payload drained) or when the connection resets.
 //!
-//! Invariants: the reader writes into a caller's buffer only in `Receiving`,
+//! Invariants: a receiver writes into a caller's buffer only in `Receiving`,
 //! which it enters from `InFlight` under the slot lock; a caller returns only
 //! from `Done`, `Ready`/`Resend` (never sent or handed back) or after turning
 //! `InFlight` into `Cancelled`: so no reply ever lands in a buffer after its
-//! owner returned. Everything (slots, free stacks, iovec arrays, the reader's
-//! scratch buffer) is allocated when the connection is created; requests
-//! allocate nothing.
+//! owner returned. A caller sleeping on an `InFlight` slot counts in
+//! `sleepers` (with `sleeping` set under its slot lock) before it tries
+//! `rx`, and a receiver that lets go of `rx` then wakes a sleeper: one of the
+//! two sees the other (a SeqCst fence on both sides), so replies never sit
+//! unread while a caller sleeps. Everything (slots, free stacks, iovec
+//! arrays, the receive buffer) is allocated when the connection is created;
+//! requests allocate nothing.
 //!
-//! Locking: `link` (the send lock: socket, up/down, iovec scratch) before a
-//! slot's lock; `free` and `shut_fd` are leaves. The reader holds no lock while
-//! it blocks in `recv`; a sender holds `link` while it blocks in `sendmsg`
-//! (bounded by the socket's send timeout).
+//! Locking: `rx` before `link` before a slot's lock; `free` and `shut_fd` are
+//! leaves; a caller holding its slot lock only `try_lock`s `rx`. A receiver
+//! blocks in `recv` holding `rx` only (the socket's receive timeout is a
+//! short tick, so it sees its deadline pass); a sender holds `link` while it
+//! blocks in `sendmsg` (bounded by the socket's send timeout).
 
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::proto::*;
+use super::rx::Rx;
 use super::uri::NbdUri;
 
 /// Request slots per connection (requests in flight on it at most).
@@ -45,6 +58,13 @@ pub(crate) const MAX_IOV_PAGES: usize = 256;
 pub(super) const SYNC_COOKIE: u64 = u64::MAX;
 pub(super) const BACKOFF_MIN: Duration = Duration::from_millis(5);
 pub(super) const BACKOFF_MAX: Duration = Duration::from_millis(250);
+/// The socket's receive timeout: how often a receiver checks its deadline.
+pub(super) const RX_TICK: Duration = Duration::from_millis(20);
+/// How long a receiver alone on its connection polls before it sleeps (a
+/// reply from a server on this host comes in about 10 us).
+const RX_SPIN: Duration = Duration::from_micros(25);
+/// The receive buffer of a connection.
+const RX_BYTES: usize = 256 << 10;
 
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
 pub(super) enum Phase {
@@ -58,7 +78,7 @@ pub(super) enum Phase {
 }
 
 pub(super) struct BufPtr(pub(super) *mut u8);
-// SAFETY: the pointer is dereferenced only by the reader while the slot is in
+// SAFETY: the pointer is dereferenced only by a receiver while the slot is in
 // `Receiving`, during which its owner waits (module invariants).
 unsafe impl Send for BufPtr {}
 
@@ -71,6 +91,8 @@ pub(super) struct SlotState {
     pub(super) buf: BufPtr,
     pub(super) covered: u32,
     pub(super) err: i32,
+    /// The owner sleeps on `cv` (and counts in the connection's `sleepers`).
+    pub(super) sleeping: bool,
 }
 
 pub(super) struct Slot {
@@ -103,6 +125,13 @@ pub(crate) struct Conn {
     pub(super) link: Mutex<Link>,
     pub(super) link_cv: Condvar,
     pub(super) shut_fd: Mutex<RawFd>,
+    /// The receive side: whoever holds it receives replies.
+    pub(super) rx: Mutex<Rx>,
+    /// Callers sleeping on an `InFlight` slot.
+    sleepers: AtomicUsize,
+    /// The connection was shut down (nobody receives on it any more); the
+    /// watcher clears it with the next connection.
+    pub(super) broken: AtomicBool,
 }
 
 impl Conn {
@@ -123,6 +152,7 @@ impl Conn {
                         buf: BufPtr(std::ptr::null_mut()),
                         covered: 0,
                         err: 0,
+                        sleeping: false,
                     }),
                     cv: Condvar::new(),
                 })
@@ -140,13 +170,34 @@ impl Conn {
             }),
             link_cv: Condvar::new(),
             shut_fd: Mutex::new(-1),
+            rx: Mutex::new(Rx::new(RX_BYTES)),
+            sleepers: AtomicUsize::new(0),
+            broken: AtomicBool::new(true),
+        }
+    }
+
+    /// After letting go of `rx` (or finding a reply that another receiver
+    /// completed): wakes one caller sleeping on an `InFlight` slot, which
+    /// takes over receiving.
+    pub(super) fn kick(&self) {
+        fence(Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        for slot in self.slots.iter() {
+            let s = slot.st.lock();
+            if s.sleeping && matches!(s.phase, Phase::InFlight | Phase::Receiving) {
+                slot.cv.notify_one();
+                return;
+            }
         }
     }
 
     pub(super) fn shutdown(&self) {
         let fd = self.shut_fd.lock();
+        self.broken.store(true, Ordering::Release);
         if *fd >= 0 {
-            // SAFETY: the fd is open while `shut_fd` holds it (the reader closes
+            // SAFETY: the fd is open while `shut_fd` holds it (the watcher closes
             // it only after clearing `shut_fd` under this lock).
             unsafe { libc::shutdown(*fd, libc::SHUT_RDWR) };
         }
@@ -302,13 +353,19 @@ impl Client {
         let r = sendv_all(fd, &mut iov[..1 + pages.len()]);
         drop(l);
         if r.is_err() {
-            // The reader resets the connection and settles the slot.
+            // The watcher resets the connection and settles the slot.
             c.shutdown();
         }
         Ok(())
     }
 
     fn wait(&self, c: &Conn, i: usize, deadline: Instant) -> Outcome {
+        let o = self.wait_inner(c, i, deadline);
+        c.kick();
+        o
+    }
+
+    fn wait_inner(&self, c: &Conn, i: usize, deadline: Instant) -> Outcome {
         let slot = &c.slots[i];
         let mut s = slot.st.lock();
         loop {
@@ -318,7 +375,27 @@ impl Client {
                 Phase::InFlight | Phase::Receiving => {}
                 p => unreachable!("waiting on a slot in {p:?}"),
             }
-            if slot.cv.wait_until(&mut s, deadline).timed_out() {
+            s.sleeping = true;
+            c.sleepers.fetch_add(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            let rx = match c.broken.load(Ordering::Acquire) {
+                false => c.rx.try_lock(),
+                true => None,
+            };
+            if let Some(rx) = rx {
+                s.sleeping = false;
+                c.sleepers.fetch_sub(1, Ordering::SeqCst);
+                drop(s);
+                if let Some(o) = self.lead(c, i, rx, deadline) {
+                    return o;
+                }
+                s = slot.st.lock();
+                continue;
+            }
+            let timed_out = slot.cv.wait_until(&mut s, deadline).timed_out();
+            s.sleeping = false;
+            c.sleepers.fetch_sub(1, Ordering::SeqCst);
+            if timed_out {
                 match s.phase {
                     Phase::InFlight => {
                         s.phase = Phase::Cancelled;
@@ -327,7 +404,7 @@ impl Client {
                         c.shutdown();
                         return Outcome::TimedOut;
                     }
-                    // The reader is copying into our buffer: cut the socket so
+                    // A receiver is copying into our buffer: cut the socket so
                     // that it fails or finishes now, and wait for it.
                     Phase::Receiving => c.shutdown(),
                     _ => {}
@@ -336,7 +413,58 @@ impl Client {
         }
     }
 
-    /// Runs one request on connection `ci` (re-sending a read the reader
+    /// Receives replies on `c` while slot `i` (ours) waits for its own; then
+    /// lets go of `rx` (the caller wakes a successor). A receive error breaks
+    /// the connection (the watcher resets it); past our deadline the slot is
+    /// cancelled here, before anyone can reset it.
+    fn lead(
+        &self,
+        c: &Conn,
+        i: usize,
+        mut rx: MutexGuard<'_, Rx>,
+        deadline: Instant,
+    ) -> Option<Outcome> {
+        // The watcher publishes a connection's fd in `rx` before its link
+        // is up, so a slot sent on it finds it there.
+        debug_assert!(rx.fd >= 0);
+        rx.deadline = Some(deadline);
+        // After our own reply, the replies already buffered are handed out
+        // too: their owners wake sooner and fewer need a new receiver.
+        let mut own = false;
+        let r = loop {
+            if own && rx.buffered() == 0 {
+                break Ok(());
+            }
+            // Alone on the connection: poll briefly before sleeping.
+            rx.spin = match c.sleepers.load(Ordering::Relaxed) {
+                0 => RX_SPIN,
+                _ => Duration::ZERO,
+            };
+            match self.recv_one(c, &mut rx) {
+                Ok(Some(done)) if done == i => own = true,
+                Ok(_) if !own && Instant::now() >= deadline => break Err(timed_out("reply")),
+                Ok(_) => {}
+                Err(e) => break Err(e),
+            }
+        };
+        rx.deadline = None;
+        let mut out = None;
+        if let Err(e) = r {
+            if e.kind() == io::ErrorKind::TimedOut {
+                let mut s = c.slots[i].st.lock();
+                if s.phase == Phase::InFlight {
+                    s.phase = Phase::Cancelled;
+                    self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+                    out = Some(Outcome::TimedOut);
+                }
+            }
+            c.shutdown();
+        }
+        drop(rx);
+        out
+    }
+
+    /// Runs one request on connection `ci` (re-sending a read that a reset
     /// handed back) until it completes or `deadline` passes.
     fn run(&self, ci: usize, req: Req, pages: &[&[u8]], deadline: Instant) -> io::Result<()> {
         let Req {
@@ -421,7 +549,7 @@ impl Client {
         self.run(ci, req, &[], deadline)
     }
 
-    /// Says goodbye on every connection and wakes every reader and waiter.
+    /// Says goodbye on every connection and wakes every watcher and waiter.
     pub(crate) fn shutdown_all(&self) {
         self.stop.store(true, Ordering::Release);
         for c in self.conns.iter() {

@@ -1,7 +1,8 @@
 //! Far memory: swap to a Network Block Device export (the NBD project's
 //! protocol, served by nbdkit, nbd-server, qemu-storage-daemon...). mmkit's own
 //! client: fixed-newstyle negotiation (`uri`, `proto`), many requests in flight
-//! on 1-4 connections with a reader thread each (`conn`), and trims of freed
+//! on 1-4 connections, replies received by the callers themselves and a
+//! watcher thread each for reconnects (`conn`), and trims of freed
 //! slots (`trim`).
 //!
 //! Layout on the export: page 0 is the header (a magic, a random epoch made at
@@ -31,7 +32,7 @@ mod trim;
 mod uri;
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -53,6 +54,8 @@ pub const NBD_MAX_CONNECTIONS: usize = 4;
 /// The default deadline of a request.
 pub const NBD_DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 const HEADER_MAGIC: &[u8; 16] = b"mmkit-nbd-swap-1";
+/// Tries of a header request that the server answers with an error.
+const HEADER_TRIES: usize = 4;
 
 /// How to open an NBD swap device.
 #[derive(Clone, Debug)]
@@ -195,7 +198,7 @@ impl NbdBackend {
         cl.header[32..40].copy_from_slice(&bytes.to_le_bytes());
         Self::write_header(&cl.header, &links)?;
         for (fd, _) in &links {
-            proto::clear_rcvtimeo(fd)?;
+            proto::set_rx_tick(fd, conn::RX_TICK)?;
         }
         let trim = (info.flags & proto::TFLAG_SEND_TRIM != 0)
             .then(|| Arc::new(TrimState::new((bytes / PAGE) as u32)));
@@ -205,8 +208,8 @@ impl NbdBackend {
             let c = cl.clone();
             threads.push(
                 std::thread::Builder::new()
-                    .name(format!("nbd-rx/{ci}"))
-                    .spawn(move || c.reader(ci, link))?,
+                    .name(format!("nbd-watch/{ci}"))
+                    .spawn(move || c.watcher(ci, link))?,
             );
         }
         let mut dev = NbdBackend {
@@ -242,16 +245,21 @@ impl NbdBackend {
         let mut page = vec![0u8; PAGE as usize];
         let mut scratch = vec![0u8; 64 << 10];
         page[..40].copy_from_slice(header);
-        sync_io(
-            links[0].0.as_raw_fd(),
-            CMD_WRITE,
-            0,
-            &mut page,
-            &mut scratch,
-        )?;
+        // An error reply (a flaky server) is tried again a few times.
+        let mut io = |fd: RawFd, cmd, data: &mut [u8]| {
+            let mut r = Ok(());
+            for _ in 0..HEADER_TRIES {
+                r = sync_io(fd, cmd, 0, data, &mut scratch)?;
+                if r.is_ok() {
+                    break;
+                }
+            }
+            r
+        };
+        io(links[0].0.as_raw_fd(), CMD_WRITE, &mut page)?;
         for (fd, _) in links {
             let mut back = vec![0u8; PAGE as usize];
-            sync_io(fd.as_raw_fd(), CMD_READ, 0, &mut back, &mut scratch)?;
+            io(fd.as_raw_fd(), CMD_READ, &mut back)?;
             if back[..40] != header[..] {
                 return Err(io::Error::other(
                     "NBD export does not read back the header page just written",

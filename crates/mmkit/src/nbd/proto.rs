@@ -5,8 +5,8 @@
 //!
 //! Invariants: the handshake runs on a blocking socket with send and receive
 //! timeouts (a silent server cannot hang `swapon` or a reconnect); after it the
-//! receive timeout is cleared (an idle connection is normal) and the send
-//! timeout stays (a sender never blocks forever on a full socket). All numbers
+//! receive timeout becomes a short tick (a receiver checks its deadline that
+//! often; an idle connection is normal) and the send timeout stays (a sender never blocks forever on a full socket). All numbers
 //! on the wire are big-endian. No locking here: one thread owns a socket while
 //! it negotiates.
 
@@ -18,6 +18,7 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use super::uri::{NbdUri, Target};
+use crate::page_io::{cvt, retry_eintr};
 
 pub(crate) const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
 pub(crate) const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
@@ -312,9 +313,10 @@ pub(crate) fn handshake(fd: OwnedFd, uri: &NbdUri) -> io::Result<(OwnedFd, Expor
     ))
 }
 
-/// Clears the receive timeout (an idle connection is normal in transmission).
-pub(crate) fn clear_rcvtimeo(fd: &OwnedFd) -> io::Result<()> {
-    set_timeo(fd.as_raw_fd(), libc::SO_RCVTIMEO, None)
+/// Sets the receive timeout of the transmission phase: a short tick after
+/// which a receiver checks its deadline (an idle connection is normal).
+pub(crate) fn set_rx_tick(fd: &OwnedFd, tick: Duration) -> io::Result<()> {
+    set_timeo(fd.as_raw_fd(), libc::SO_RCVTIMEO, Some(tick))
 }
 
 /// A request header (28 bytes).
@@ -329,6 +331,14 @@ pub(crate) fn request(flags: u16, cmd: u16, cookie: u64, offset: u64, len: u32) 
     h
 }
 
+/// The error of a connection the server closed.
+pub(crate) fn closed() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "NBD server closed the connection",
+    )
+}
+
 /// Receives exactly `len` bytes into `p`. EOF is `ConnectionAborted`.
 ///
 /// # Safety
@@ -336,22 +346,14 @@ pub(crate) fn request(flags: u16, cmd: u16, cookie: u64, offset: u64, len: u32) 
 pub(crate) unsafe fn recv_exact(fd: RawFd, p: *mut u8, len: usize) -> io::Result<()> {
     let mut done = 0;
     while done < len {
-        // SAFETY: `p + done .. p + len` is inside the caller's buffer.
-        let n = unsafe { libc::recv(fd, p.add(done).cast(), len - done, libc::MSG_WAITALL) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        let n = retry_eintr(|| {
+            // SAFETY: `p + done .. p + len` is inside the caller's buffer.
+            cvt(unsafe { libc::recv(fd, p.add(done).cast(), len - done, libc::MSG_WAITALL) })
+        })?;
         if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "NBD server closed the connection",
-            ));
+            return Err(closed());
         }
-        done += n as usize;
+        done += n;
     }
     Ok(())
 }
@@ -373,15 +375,7 @@ pub(crate) fn sendv_all(fd: RawFd, mut iov: &mut [libc::iovec]) -> io::Result<()
         msg.msg_iovlen = iov.len().min(1024) as _;
         // SAFETY: `msg` points at `iov`, whose entries point at live buffers
         // (the caller's); MSG_NOSIGNAL: a dead peer is an error, not SIGPIPE.
-        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        let mut n = n as usize;
+        let mut n = retry_eintr(|| cvt(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) }))?;
         while n > 0 && !iov.is_empty() {
             if n >= iov[0].iov_len {
                 n -= iov[0].iov_len;

@@ -1,12 +1,15 @@
-//! The reader side of an NBD connection: the thread that receives replies
-//! (simple, or structured chunks) and completes the slots they name, resets
-//! the slots of a broken connection (reads to be re-sent, writes failed), and
-//! reconnects with backoff, checking the header's epoch each time; and the
-//! one-request-at-a-time exchange used on a connection nobody else uses yet.
+//! The receive side of an NBD connection: parsing one reply (simple, or a
+//! structured chunk) and completing the slot it names, for whichever caller
+//! holds `rx` (`conn`'s leader/follower receiving); the watcher thread that
+//! waits (in `poll`, woken by neither requests nor replies) for the
+//! connection to break, resets its slots (reads to be re-sent, writes
+//! failed) and reconnects with backoff, checking the header's epoch each
+//! time; and the one-request-at-a-time exchange used on a connection nobody
+//! else uses yet.
 //!
-//! Invariants and locking: those of `conn` (this is its other half). The
-//! reader holds no lock while it blocks in `recv`, and takes a slot's lock
-//! only to move it between phases.
+//! Invariants and locking: those of `conn` (this is its other half). A
+//! receiver takes a slot's lock only to move it between phases; the watcher
+//! resets and reconnects holding `rx`, so nobody receives meanwhile.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -28,14 +31,15 @@ fn drain(fd: RawFd, mut n: usize, scratch: &mut [u8]) -> io::Result<()> {
 
 /// One request and its reply on a connection nobody else uses (the header
 /// page at `swapon` and on reconnect). `data` is written for a write, filled
-/// for a read. Errors of any kind are returned; the socket is then unusable.
+/// for a read. `Ok(Err(..))`: the server answered with an error (the socket
+/// is still usable); `Err(..)`: the socket is unusable.
 pub(crate) fn sync_io(
     fd: RawFd,
     cmd: u16,
     offset: u64,
     data: &mut [u8],
     scratch: &mut [u8],
-) -> io::Result<()> {
+) -> io::Result<io::Result<()>> {
     let h = request(0, cmd, SYNC_COOKIE, offset, data.len() as u32);
     let mut iov = [
         libc::iovec {
@@ -49,6 +53,7 @@ pub(crate) fn sync_io(
     ];
     sendv_all(fd, &mut iov)?;
     let mut covered = 0;
+    let mut failed = None;
     loop {
         let mut r = [0u8; 16];
         recv_buf(fd, &mut r)?;
@@ -59,12 +64,12 @@ pub(crate) fn sync_io(
             SIMPLE_REPLY_MAGIC => {
                 let e = be32(&r[4..]);
                 if e != 0 {
-                    return Err(errno_err(e as i32, "header page"));
+                    return Ok(Err(errno_err(e as i32, "header page")));
                 }
                 if cmd == CMD_READ {
                     recv_buf(fd, data)?;
                 }
-                return Ok(());
+                return Ok(Ok(()));
             }
             STRUCTURED_REPLY_MAGIC => {
                 let (flags, ty) = (be16(&r[4..]), be16(&r[6..]));
@@ -96,15 +101,18 @@ pub(crate) fn sync_io(
                         let mut e = [0u8; 4];
                         recv_buf(fd, &mut e)?;
                         drain(fd, len - 4, scratch)?;
-                        return Err(errno_err(be32(&e).max(1) as i32, "header page"));
+                        failed.get_or_insert(be32(&e).max(1) as i32);
                     }
                     _ => drain(fd, len, scratch)?,
                 }
                 if flags & REPLY_FLAG_DONE != 0 {
+                    if let Some(e) = failed {
+                        return Ok(Err(errno_err(e, "header page")));
+                    }
                     if cmd == CMD_READ && covered < data.len() {
                         return Err(io::Error::new(io::ErrorKind::InvalidData, "short read"));
                     }
-                    return Ok(());
+                    return Ok(Ok(()));
                 }
             }
             _ => {
@@ -148,7 +156,7 @@ impl Client {
             return Err(());
         }
         let (head, rest) = scratch.split_at_mut(4096);
-        if let Err(e) = sync_io(fd.as_raw_fd(), CMD_READ, 0, head, rest) {
+        if let Err(e) = sync_io(fd.as_raw_fd(), CMD_READ, 0, head, rest).and_then(|r| r) {
             return Ok(Err(e));
         }
         if head[..self.header.len()] != self.header {
@@ -157,15 +165,14 @@ impl Client {
         if let Err(e) = super::check_export(&info, self.need) {
             return Ok(Err(e));
         }
-        Ok(clear_rcvtimeo(&fd).map(|()| (fd, info)))
+        Ok(set_rx_tick(&fd, RX_TICK).map(|()| (fd, info)))
     }
 
-    /// The reader thread of connection `ci`; `first` is its connection from
-    /// `swapon`.
-    pub(crate) fn reader(self: Arc<Client>, ci: usize, first: (OwnedFd, ExportInfo)) {
+    /// The watcher thread of connection `ci`; `first` is its connection
+    /// from `swapon`.
+    pub(crate) fn watcher(self: Arc<Client>, ci: usize, first: (OwnedFd, ExportInfo)) {
         let c = &self.conns[ci];
         let mut scratch = vec![0u8; 64 << 10];
-        let mut rx = Rx::new(256 << 10);
         let mut next = Some(first);
         let mut backoff = BACKOFF_MIN;
         loop {
@@ -197,8 +204,11 @@ impl Client {
             };
             backoff = BACKOFF_MIN;
             let raw = fd.as_raw_fd();
-            *c.shut_fd.lock() = raw;
             {
+                let mut rx = c.rx.lock();
+                rx.reset(raw);
+                *c.shut_fd.lock() = raw;
+                c.broken.store(false, Ordering::Release);
                 let mut l = c.link.lock();
                 l.fd = raw;
                 l.up = !self.stopping();
@@ -206,12 +216,38 @@ impl Client {
             }
             c.link_cv.notify_all();
             if !self.stopping() {
-                rx.reset(raw);
-                let _ = self.recv_loop(c, &mut rx);
+                self.watch(c, raw);
             }
-            self.reset(c);
-            *c.shut_fd.lock() = -1;
+            c.shutdown();
+            {
+                let mut rx = c.rx.lock();
+                self.reset(c);
+                rx.reset(-1);
+                *c.shut_fd.lock() = -1;
+            }
             drop(fd);
+        }
+    }
+
+    /// Waits until connection `fd` breaks: the server hangs up, or someone
+    /// shut it down (an error, a deadline, `swapoff`). `POLLRDHUP` alone is
+    /// asked for, so replies arriving do not wake this thread.
+    fn watch(&self, c: &Conn, fd: RawFd) {
+        loop {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLRDHUP,
+                revents: 0,
+            };
+            // SAFETY: one pollfd we own; `fd` stays open until we return.
+            let r = unsafe { libc::poll(&mut p, 1, 1000) };
+            let gone = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
+            if (r > 0 && p.revents & gone != 0)
+                || c.broken.load(Ordering::Acquire)
+                || self.stopping()
+            {
+                return;
+            }
         }
     }
 
@@ -276,11 +312,13 @@ impl Client {
         drop(s);
         // SAFETY: the slot is `Receiving`, so its owner waits and its buffer
         // of `len` bytes lives; `at + n <= len` was checked above.
-        unsafe { rx.read_raw(p.add(at as usize), n as usize)? };
+        let r = unsafe { rx.read_raw(p.add(at as usize), n as usize) };
         let mut s = slot.st.lock();
         s.phase = Phase::InFlight;
-        s.covered += n;
-        Ok(())
+        if r.is_ok() {
+            s.covered += n;
+        }
+        r
     }
 
     fn complete(&self, c: &Conn, i: usize, err: u32) {
@@ -303,41 +341,42 @@ impl Client {
         slot.cv.notify_one();
     }
 
-    fn recv_loop(&self, c: &Conn, rx: &mut Rx) -> io::Result<()> {
-        loop {
-            let mut h = [0u8; 16];
-            rx.read(&mut h)?;
-            let cookie = be64(&h[8..]);
-            match be32(&h) {
-                SIMPLE_REPLY_MAGIC => {
-                    let i = self.slot_of(c, cookie)?;
-                    let err = be32(&h[4..]);
-                    let (cmd, len) = {
-                        let s = c.slots[i].st.lock();
-                        (s.cmd, s.len)
-                    };
-                    if err == 0 && cmd == CMD_READ {
-                        self.payload(c, i, 0, len, rx)?;
-                    }
-                    self.complete(c, i, err);
+    /// Receives one reply (a simple reply, or one structured chunk) and
+    /// applies it: the slot it completed, if it completed one.
+    pub(super) fn recv_one(&self, c: &Conn, rx: &mut Rx) -> io::Result<Option<usize>> {
+        let mut h = [0u8; 16];
+        rx.read(&mut h)?;
+        let cookie = be64(&h[8..]);
+        match be32(&h) {
+            SIMPLE_REPLY_MAGIC => {
+                let i = self.slot_of(c, cookie)?;
+                let err = be32(&h[4..]);
+                let (cmd, len) = {
+                    let s = c.slots[i].st.lock();
+                    (s.cmd, s.len)
+                };
+                if err == 0 && cmd == CMD_READ {
+                    self.payload(c, i, 0, len, rx)?;
                 }
-                STRUCTURED_REPLY_MAGIC => {
-                    let (flags, ty) = (be16(&h[4..]), be16(&h[6..]));
-                    let mut l = [0u8; 4];
-                    rx.read(&mut l)?;
-                    let i = self.slot_of(c, cookie)?;
-                    self.chunk(c, i, ty, be32(&l), rx)?;
-                    if flags & REPLY_FLAG_DONE != 0 {
-                        self.complete(c, i, 0);
-                    }
-                }
-                _ => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "bad reply magic",
-                    ));
-                }
+                self.complete(c, i, err);
+                Ok(Some(i))
             }
+            STRUCTURED_REPLY_MAGIC => {
+                let (flags, ty) = (be16(&h[4..]), be16(&h[6..]));
+                let mut l = [0u8; 4];
+                rx.read(&mut l)?;
+                let i = self.slot_of(c, cookie)?;
+                self.chunk(c, i, ty, be32(&l), rx)?;
+                if flags & REPLY_FLAG_DONE != 0 {
+                    self.complete(c, i, 0);
+                    return Ok(Some(i));
+                }
+                Ok(None)
+            }
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "bad reply magic",
+            )),
         }
     }
 

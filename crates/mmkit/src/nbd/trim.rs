@@ -1,16 +1,16 @@
 //! Discard of freed swap slots on the server (`NBD_CMD_TRIM`, Linux's
 //! `discard_swap_cluster`): a freed slot sets a bit; a background thread takes
-//! the bits in batches and trims runs of them, so the free path costs one
-//! atomic OR and the server (nbdkit's memory plugin, a sparse file) gives the
-//! memory back.
+//! the bits a word (64 slots) at a time and trims runs of them, so the free
+//! path costs one atomic OR and the server (nbdkit's memory plugin, a sparse
+//! file) gives the memory back.
 //!
 //! Invariant: a trim never lands after a later write to its slot. A write
 //! first clears its slots' pending bits (a trim not yet taken is dropped),
-//! then waits while any of its slots is in a batch being trimmed. The trimmer
-//! marks a word in flight *before* it takes the word's pending bits, and only
-//! trims the bits it took: a write that cleared a bit first is not trimmed;
-//! one that cleared it later finds the word in flight and waits for the
-//! trim's reply.
+//! then waits while any of its slots is in a word being trimmed (one word's
+//! trims, never a whole pass). The trimmer marks a word in flight *before* it
+//! takes the word's pending bits, and only trims the bits it took: a write
+//! that cleared a bit first is not trimmed; one that cleared it later finds
+//! the word in flight and waits for the trim's reply.
 //!
 //! Locking: bitmaps are atomics; `gate` (with `cv`) only parks writers that
 //! must wait for a trim in flight.
@@ -21,8 +21,6 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 const PERIOD: Duration = Duration::from_millis(20);
-/// Words (64 slots each) taken per batch.
-const BATCH_WORDS: usize = 64;
 
 pub(crate) struct TrimState {
     pending: Box<[AtomicU64]>,
@@ -89,31 +87,22 @@ impl TrimState {
     /// The trimmer thread: every period, trims what was freed.
     /// `trim(first_slot, nr_slots)` sends one trim and waits for its reply.
     pub(crate) fn run(&self, trim: impl Fn(u32, u32)) {
-        let mut taken = [0u64; BATCH_WORDS];
         while !self.stop.load(Ordering::Acquire) {
             {
                 let mut g = self.gate.lock();
                 self.cv.wait_for(&mut g, PERIOD);
             }
-            for base in (0..self.pending.len()).step_by(BATCH_WORDS) {
-                let end = (base + BATCH_WORDS).min(self.pending.len());
-                let mut any = false;
-                for w in base..end {
-                    let t = self.pending[w].load(Ordering::SeqCst);
-                    taken[w - base] = 0;
-                    if t == 0 {
-                        continue;
-                    }
-                    self.inflight[w].fetch_or(t, Ordering::SeqCst);
-                    let old = self.pending[w].fetch_and(!t, Ordering::SeqCst);
-                    taken[w - base] = t;
-                    any = true;
-                    self.trim_word(w, old & t, &trim);
+            for w in 0..self.pending.len() {
+                let t = self.pending[w].load(Ordering::SeqCst);
+                if t == 0 {
+                    continue;
                 }
-                if any {
-                    for w in base..end {
-                        self.inflight[w].fetch_and(!taken[w - base], Ordering::SeqCst);
-                    }
+                self.inflight[w].fetch_or(t, Ordering::SeqCst);
+                let old = self.pending[w].fetch_and(!t, Ordering::SeqCst);
+                self.trim_word(w, old & t, &trim);
+                // A writer waits for this word's trims only, not a batch's.
+                self.inflight[w].fetch_and(!t, Ordering::SeqCst);
+                {
                     let _g = self.gate.lock();
                     self.cv.notify_all();
                 }

@@ -369,11 +369,7 @@ impl FileDevice {
             let mut done = 0;
             let mut err = None;
             while done < chunk.len() {
-                match ring.submit_and_wait(chunk.len() - done) {
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                }
+                retry_eintr(|| ring.submit_and_wait(chunk.len() - done))?;
                 for cqe in ring.completion() {
                     done += 1;
                     let want = chunk[cqe.user_data() as usize].2;
@@ -436,26 +432,38 @@ impl FileDevice {
     }
 }
 
+/// A raw syscall's return value as a result: negative is `errno`.
+pub(crate) fn cvt(n: isize) -> io::Result<usize> {
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Runs `op` again while it fails with `EINTR` (the one retry loop of the
+/// swap devices' syscalls: files, `io_uring`, NBD sockets).
+pub(crate) fn retry_eintr<T>(mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match op() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            r => return r,
+        }
+    }
+}
+
 /// Runs `op(done, offset)` (one `pread`/`pwrite` of the rest from `done` bytes
 /// on) until `len` bytes moved, retrying on `EINTR` and short transfers.
 fn io_all(len: usize, off: u64, mut op: impl FnMut(usize, u64) -> isize) -> io::Result<()> {
     let mut done = 0;
     while done < len {
-        let n = op(done, off + done as u64);
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        let n = retry_eintr(|| cvt(op(done, off + done as u64)))?;
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "swap file too short",
             ));
         }
-        done += n as usize;
+        done += n;
     }
     Ok(())
 }
@@ -601,7 +609,18 @@ impl SwapIo {
         for c in &self.csum[range.clone()] {
             c.store(0, Ordering::Release);
         }
-        let crcs: Vec<u32> = pages.iter().map(|p| crc32c::crc32c(p)).collect();
+        // On the stack for a reclaim batch; only a longer run allocates.
+        let (mut stack, mut heap) = ([0u32; 64], Vec::new());
+        let crcs: &mut [u32] = match stack.get_mut(..pages.len()) {
+            Some(s) => s,
+            None => {
+                heap.resize(pages.len(), 0);
+                &mut heap
+            }
+        };
+        for (c, p) in crcs.iter_mut().zip(pages) {
+            *c = crc32c::crc32c(p);
+        }
         let off = first as u64 * PAGE;
         let r = match &self.backend {
             Backend::File(f) => f.write_runs(&[(off, pages)]),
@@ -612,7 +631,7 @@ impl SwapIo {
                 .try_for_each(|(i, p)| b.dev().write(off + i as u64 * PAGE, p)),
         };
         r.map_err(|e| self.io_err(first, e))?;
-        for (c, crc) in self.csum[range].iter().zip(crcs) {
+        for (c, &crc) in self.csum[range].iter().zip(crcs.iter()) {
             c.store(CSUM_VALID | crc as u64, Ordering::Release);
         }
         self.pswpout
