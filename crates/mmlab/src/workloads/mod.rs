@@ -21,6 +21,7 @@ mod autonuma;
 mod clear_huge;
 mod cross_cpu_free;
 mod highalloc;
+pub mod memcg;
 mod order0_thp_mix;
 mod page_fault1;
 mod parallel_free;
@@ -162,6 +163,7 @@ pub fn all() -> Vec<&'static dyn Workload> {
         &pmbench::Pmbench,
         &reclaim::Reclaim,
         &autonuma::Autonuma,
+        &memcg::Memcg,
     ]
 }
 
