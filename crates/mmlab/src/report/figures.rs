@@ -11,7 +11,8 @@
 //! numa01_THREAD_ALLOC); pmbench (the swap-cache and LRU locks and the score
 //! against the 2019 policies at 8 threads, against the kernel at 2); reclaim
 //! (device reads against the kernel, exact LRU and fixed ceilings, the scan
-//! cost, kswapd CPU against the classic policy). A figure
+//! cost, kswapd CPU against the classic policy); memcg (A's hit ratio and
+//! throughput with `low`, without groups beside them, the limit held). A figure
 //! whose inputs were not measured says so.
 
 use crate::record::{lookup, lookup_case, Record};
@@ -167,7 +168,8 @@ fn case_floor(
     variant: &str,
     floor: f64,
 ) -> String {
-    let head = format!("{workload} ({case}) @ {threads} threads: {variant} {metric}");
+    let t = if threads == 1 { "thread" } else { "threads" };
+    let head = format!("{workload} ({case}) @ {threads} {t}: {variant} {metric}");
     match lookup_case(records, workload, variant, threads, metric, case) {
         Some(x) => format!(
             "{head} = {} (target >= {floor}: {})",
@@ -386,6 +388,54 @@ fn reclaim(records: &[Record], out: &mut Vec<String>) {
     out.push(r("zipf", "kswapd_cpu_ns_per_page", classic, 1.0));
 }
 
+/// The memcg figures (1 thread per group), per case: A's hit ratio and
+/// throughput with `low` against their targets, the same without groups
+/// beside them, and the limit held where B has a `max`.
+fn memcg(records: &[Record], out: &mut Vec<String>) {
+    let w = "memcg";
+    for case in ["uniform", "zipf"] {
+        out.push(case_floor(
+            records,
+            w,
+            case,
+            1,
+            "a_hit_pct",
+            "mmkit-low",
+            99.0,
+        ));
+        let t = Target::Times(0.9);
+        let low = "mmkit-low";
+        for a in ["a_accesses_per_sec", "a_accesses_per_cpu_sec"] {
+            out.push(case_ratio(records, w, case, 1, a, low, "mmkit-alone", t));
+        }
+        let get = |v: &str, m: &str| lookup_case(records, w, v, 1, m, case);
+        let head = format!("{w} ({case}) @ 1 thread: without groups (mmkit-root)");
+        out.push(
+            match (
+                get("mmkit-root", "a_hit_pct"),
+                get("mmkit-root", "a_vs_alone"),
+            ) {
+                (Some(h), Some(r)) => {
+                    format!("{head}: a_hit_pct {} and a_vs_alone {r:.2}x", num(h))
+                }
+                (Some(h), None) => format!("{head}: a_hit_pct {}, a_vs_alone not measured", num(h)),
+                _ => format!("{head}: not measured"),
+            },
+        );
+        for v in ["mmkit-max", "kernel"] {
+            out.push(case_ceiling(
+                records,
+                w,
+                case,
+                "samples_over_max",
+                v,
+                0.0,
+                None,
+            ));
+        }
+    }
+}
+
 /// The figures, one line each.
 pub fn figures(records: &[Record]) -> Vec<String> {
     let mut out = vec![
@@ -472,6 +522,7 @@ pub fn figures(records: &[Record]) -> Vec<String> {
     autonuma(records, &mut out);
     pmbench(records, &mut out);
     reclaim(records, &mut out);
+    memcg(records, &mut out);
     out
 }
 

@@ -17,9 +17,9 @@
 //!   A's hot set, run), `mark` (report now), `stop`; end of input counts as
 //!   `stop`;
 //! - child -> parent (stdout): `ready` (its threads run), then per `mark`:
-//!   `mark <ops> <failures> <minflt> <majflt> <ns>` (cumulative: accesses or
-//!   pages written, failed ones, the process's faults from getrusage, and
-//!   CLOCK_MONOTONIC), and `done` after `stop`.
+//!   `mark <ops> <failures> <minflt> <majflt> <cpu_ns> <ns>` (cumulative:
+//!   accesses or pages written, failed ones, the process's faults and CPU
+//!   time from getrusage, and CLOCK_MONOTONIC), and `done` after `stop`.
 //!
 //! Everything is bounded (`host::child`); the cgroups and the device are torn
 //! down after the children are gone (on error too).
@@ -119,13 +119,18 @@ impl Pages for View {
     }
 }
 
-/// This process's (minor, major) faults.
-fn faults() -> (u64, u64) {
+/// This process's (minor faults, major faults, CPU time in ns).
+fn usage() -> (u64, u64, u64) {
     // SAFETY: getrusage fills the zeroed struct we own.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: RUSAGE_SELF with a valid pointer.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    (ru.ru_minflt as u64, ru.ru_majflt as u64)
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    (
+        ru.ru_minflt as u64,
+        ru.ru_majflt as u64,
+        ns(ru.ru_utime) + ns(ru.ru_stime),
+    )
 }
 
 /// A child's report at one `mark`.
@@ -135,25 +140,27 @@ pub struct Mark {
     pub failures: u64,
     pub minflt: u64,
     pub majflt: u64,
+    /// The process's CPU time (user + system).
+    pub cpu_ns: u64,
     pub ns: u64,
 }
 
 impl Mark {
     pub fn line(&self) -> String {
         format!(
-            "mark {} {} {} {} {}",
-            self.ops, self.failures, self.minflt, self.majflt, self.ns
+            "mark {} {} {} {} {} {}",
+            self.ops, self.failures, self.minflt, self.majflt, self.cpu_ns, self.ns
         )
     }
 
-    /// Parses `mark <ops> <failures> <minflt> <majflt> <ns>`.
+    /// Parses `mark <ops> <failures> <minflt> <majflt> <cpu_ns> <ns>`.
     pub fn parse(line: &str) -> Option<Mark> {
         let v: Vec<u64> = line
             .strip_prefix("mark ")?
             .split_whitespace()
             .map(|x| x.parse().ok())
             .collect::<Option<_>>()?;
-        let [ops, failures, minflt, majflt, ns] = v[..] else {
+        let [ops, failures, minflt, majflt, cpu_ns, ns] = v[..] else {
             return None;
         };
         Some(Mark {
@@ -161,6 +168,7 @@ impl Mark {
             failures,
             minflt,
             majflt,
+            cpu_ns,
             ns,
         })
     }
@@ -227,12 +235,13 @@ pub fn child_main(
         |_| {
             let _ = send_line(&mut out, "ready");
             while next().trim() == "mark" {
-                let (minflt, majflt) = faults();
+                let (minflt, majflt, cpu_ns) = usage();
                 let m = Mark {
                     ops: progress.ops(),
                     failures: progress.failures(),
                     minflt,
                     majflt,
+                    cpu_ns,
                     ns: now_ns(),
                 };
                 let _ = send_line(&mut out, &m.line());
@@ -429,7 +438,13 @@ fn measure(
     let m0 = mark(&mut a)?;
     std::thread::sleep(plan.duration);
     let m1 = mark(&mut a)?;
-    let alone = (m1.ops - m0.ops) as f64 / ((m1.ns - m0.ns) as f64 / 1e9).max(1e-9);
+    let alone = Outcome {
+        secs: (m1.ns - m0.ns) as f64 / 1e9,
+        a_accesses: m1.ops - m0.ops,
+        a_cpu_ns: m1.cpu_ns - m0.cpu_ns,
+        ..Outcome::default()
+    }
+    .as_alone();
     // With B.
     let mut b = start_child(exe, gb, "b", case, sizes.region, threads, deadline)?;
     let t0 = Instant::now();
@@ -446,7 +461,11 @@ fn measure(
     let mut sa = Sampled::new(None);
     let mut sb = Sampled::new(read_u64(
         &gb.dir,
-        if v2 { "memory.max" } else { "memory.limit_in_bytes" },
+        if v2 {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
+        },
     ));
     let (a0, b0) = (mark(&mut a)?, mark(&mut b)?);
     let t = Instant::now();
@@ -477,7 +496,8 @@ fn measure(
         a_misses: (a1.minflt + a1.majflt) - (a0.minflt + a0.majflt),
         b_pages: b1.ops - b0.ops,
         failures: a1.failures + b1.failures,
-        alone_rate: Some(alone),
+        a_cpu_ns: a1.cpu_ns - a0.cpu_ns,
+        alone: Some(alone),
         a: Some(ra),
         b: Some(rb),
     })

@@ -20,6 +20,9 @@ use crate::phase::{self, Phase, Placement};
 use mmkit::{MapFlags, MemCgStat, MemCgroup, Mm, Space, SwapDevice, Variant};
 use std::time::{Duration, Instant};
 
+/// The name of A's threads (their CPU time is A's).
+const A_THREAD: &str = "memcg-a";
+
 /// Which groups a point makes and how they are set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Setup {
@@ -121,7 +124,8 @@ pub fn run_point(
     mm.wait_reclaim_idle();
     mm.wait_compaction_idle();
     mm.drain_all_pages();
-    mm.check().map_err(|e| format!("mm.check() after the point: {e}"))?;
+    mm.check()
+        .map_err(|e| format!("mm.check() after the point: {e}"))?;
     let free = mm.nr_free_pages();
     if free != free0 {
         return Err(format!(
@@ -154,15 +158,23 @@ pub fn run_custom(
 /// What the controller reads at each end of the measured interval.
 struct Snap {
     a_ops: u64,
+    a_cpu_ns: u64,
     a_faults: u64,
     b_ops: u64,
     a: Option<(MemCgStat, u64)>,
     b: Option<MemCgStat>,
 }
 
-fn snap(pa: &Progress, pb: &Progress, sa: &Space, ga: &Option<MemCgroup>, gb: &Option<MemCgroup>) -> Snap {
+fn snap(
+    pa: &Progress,
+    pb: &Progress,
+    sa: &Space,
+    ga: &Option<MemCgroup>,
+    gb: &Option<MemCgroup>,
+) -> Snap {
     Snap {
         a_ops: pa.ops(),
+        a_cpu_ns: cpu::threads_cpu_ns(A_THREAD),
         a_faults: sa.stats().faults,
         b_ops: pb.ops(),
         a: ga.as_ref().map(|g| (g.stat(), g.events().low)),
@@ -229,8 +241,7 @@ pub fn measure(
     } else {
         None
     };
-    let mut inputs: Vec<(bool, Region<'_>)> =
-        (0..threads).map(|_| (true, hot.clone())).collect();
+    let mut inputs: Vec<(bool, Region<'_>)> = (0..threads).map(|_| (true, hot.clone())).collect();
     if let Some(sb) = &sb {
         let per = (sizes.region / threads as u64 / 4096).max(1);
         for _ in 0..threads {
@@ -250,7 +261,7 @@ pub fn measure(
         inputs,
         |i| Placement {
             cpus: cpu::round_robin(&cpus, i),
-            name: Some(if i < threads { "memcg-a" } else { "memcg-b" }),
+            name: Some(if i < threads { A_THREAD } else { "memcg-b" }),
         },
         |i, (is_a, mut r), word| {
             if is_a {
@@ -296,12 +307,13 @@ pub fn measure(
             plan.max_warmup.as_millis()
         );
     }
-    let a = ga.as_ref().zip(s0.a.as_ref().zip(s1.a.as_ref())).map(|(g, (x0, x1))| {
-        GroupReport {
+    let a = ga
+        .as_ref()
+        .zip(s0.a.as_ref().zip(s1.a.as_ref()))
+        .map(|(g, (x0, x1))| GroupReport {
             events_low: Some(x1.1.saturating_sub(x0.1)),
             ..report(g, sampled.0, &x0.0, &x1.0)
-        }
-    });
+        });
     let b = gb
         .as_ref()
         .zip(s0.b.as_ref().zip(s1.b.as_ref()))
@@ -312,7 +324,8 @@ pub fn measure(
         a_misses: s1.a_faults - s0.a_faults,
         b_pages: s1.b_ops - s0.b_ops,
         failures: pa.failures() + pb.failures(),
-        alone_rate: None,
+        a_cpu_ns: s1.a_cpu_ns.saturating_sub(s0.a_cpu_ns),
+        alone: None,
         a,
         b,
     })

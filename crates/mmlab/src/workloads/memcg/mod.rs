@@ -169,7 +169,10 @@ impl Picker {
             return ((u128::from(r) * u128::from(self.pages)) >> 64) as u64;
         }
         let u = (r >> 32) as u32;
-        let rank = self.cdf.partition_point(|&c| c <= u).min(self.cdf.len() - 1);
+        let rank = self
+            .cdf
+            .partition_point(|&c| c <= u)
+            .min(self.cdf.len() - 1);
         u64::from(self.perm[rank])
     }
 }
@@ -289,6 +292,34 @@ pub struct GroupReport {
     pub events_low: Option<u64>,
 }
 
+/// A's throughput alone: per second of wall time and per second of its
+/// threads' CPU time (None: unknown).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Alone {
+    pub rate: f64,
+    pub cpu_rate: Option<f64>,
+}
+
+impl Outcome {
+    /// A's accesses per second.
+    pub fn a_rate(&self) -> f64 {
+        self.a_accesses as f64 / self.secs.max(1e-9)
+    }
+
+    /// A's accesses per second of its threads' CPU time, if known.
+    pub fn a_cpu_rate(&self) -> Option<f64> {
+        (self.a_cpu_ns > 0).then(|| self.a_accesses as f64 * 1e9 / self.a_cpu_ns as f64)
+    }
+
+    /// A as the baseline of other columns.
+    pub fn as_alone(&self) -> Alone {
+        Alone {
+            rate: self.a_rate(),
+            cpu_rate: self.a_cpu_rate(),
+        }
+    }
+}
+
 /// One point of one case.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outcome {
@@ -301,9 +332,11 @@ pub struct Outcome {
     pub b_pages: u64,
     /// Accesses and writes that failed, A and B.
     pub failures: u64,
-    /// A's accesses per second alone, measured by this point (the kernel's
-    /// first interval), else `None` (mmkit: the `mmkit-alone` column's).
-    pub alone_rate: Option<f64>,
+    /// CPU time of A's threads while measuring, ns (0: unknown).
+    pub a_cpu_ns: u64,
+    /// A alone, measured by this point (the kernel's first interval), else
+    /// `None` (mmkit: the `mmkit-alone` column's).
+    pub alone: Option<Alone>,
     pub a: Option<GroupReport>,
     pub b: Option<GroupReport>,
 }
@@ -323,12 +356,12 @@ macro_rules! metric {
 
 metric!(
     A_HIT,
-    "a_hit_ratio",
-    "1",
+    "a_hit_pct",
+    "%",
     true,
     false,
     "A's accesses that found their page mapped (needed no swap-in, not even from the swap \
-     cache), over all of A's measured accesses (kernel: the child's minor + major faults)"
+     cache), in percent of A's measured accesses (kernel: the child's minor + major faults)"
 );
 metric!(
     A_MISSES,
@@ -355,6 +388,33 @@ metric!(
     true,
     "A's accesses per second over A alone's (mmkit: the mmkit-alone column of the same round; \
      kernel: A alone in the same point, before B starts)"
+);
+metric!(
+    A_CPU_RATE,
+    "a_accesses_per_cpu_sec",
+    "1/s",
+    true,
+    true,
+    "A's reads per second of its threads' CPU time (mmkit: /proc/self/task schedstat of the \
+     memcg-a threads; kernel: the A child's getrusage): its throughput with the host's CPU \
+     share taken out"
+);
+metric!(
+    A_CPU_VS_ALONE,
+    "a_cpu_vs_alone",
+    "x",
+    true,
+    true,
+    "a_accesses_per_cpu_sec over A alone's (as a_vs_alone)"
+);
+metric!(
+    A_CPU_PCT,
+    "a_cpu_pct",
+    "%",
+    true,
+    true,
+    "CPU time of A's threads over the measured wall time x A's threads, in percent: the CPU \
+     share A got"
 );
 metric!(
     B_RATE,
@@ -464,8 +524,26 @@ metric!(
 );
 
 const METRICS: &[Metric] = &[
-    A_HIT, A_MISSES, A_RATE, A_VS_ALONE, B_RATE, A_CUR, B_CUR, A_SWAP, B_SWAP, B_PEAK_PCT,
-    OVER_MAX, A_SCAN, A_STEAL, B_SCAN, B_STEAL, A_LOW, FAILED,
+    A_HIT,
+    A_MISSES,
+    A_RATE,
+    A_VS_ALONE,
+    A_CPU_RATE,
+    A_CPU_VS_ALONE,
+    A_CPU_PCT,
+    B_RATE,
+    A_CUR,
+    B_CUR,
+    A_SWAP,
+    B_SWAP,
+    B_PEAK_PCT,
+    OVER_MAX,
+    A_SCAN,
+    A_STEAL,
+    B_SCAN,
+    B_STEAL,
+    A_LOW,
+    FAILED,
 ];
 
 const VARIANTS: &[VariantInfo] = &[
@@ -500,19 +578,19 @@ const VARIANTS: &[VariantInfo] = &[
 ];
 
 /// `mmkit-alone`'s A throughput per case and thread count, its latest round.
-type AloneRates = HashMap<(&'static str, usize), f64>;
+type AloneRates = HashMap<(&'static str, usize), Alone>;
 static ALONE: Mutex<Option<AloneRates>> = Mutex::new(None);
 
 /// Records A alone's throughput of `case` at `threads` for the other columns
 /// of this round.
-fn set_alone(case: Case, threads: usize, rate: f64) {
+fn set_alone(case: Case, threads: usize, rate: Alone) {
     let mut g = ALONE.lock().unwrap_or_else(|e| e.into_inner());
     g.get_or_insert_with(HashMap::new)
         .insert((case.name(), threads), rate);
 }
 
 /// A alone's latest throughput of `case` at `threads`, if measured.
-fn alone(case: Case, threads: usize) -> Option<f64> {
+fn alone(case: Case, threads: usize) -> Option<Alone> {
     let g = ALONE.lock().unwrap_or_else(|e| e.into_inner());
     g.as_ref()
         .and_then(|m| m.get(&(case.name(), threads)).copied())
@@ -551,19 +629,30 @@ fn mib(b: u64) -> f64 {
     b as f64 / (1 << 20) as f64
 }
 
-/// The figures of one case's outcome; `alone_rate` is A alone's throughput
-/// (None: unknown, no ratio).
-pub fn figures(case: Case, o: &Outcome, alone_rate: Option<f64>) -> Vec<Figure> {
+/// The figures of one case's outcome on `threads` threads per group;
+/// `alone` is A alone's throughput (None: unknown, no ratios).
+pub fn figures(case: Case, o: &Outcome, threads: usize, alone: Option<Alone>) -> Vec<Figure> {
     let secs = o.secs.max(1e-9);
     let acc = o.a_accesses.max(1) as f64;
-    let rate = o.a_accesses as f64 / secs;
+    let rate = o.a_rate();
     let mut f = vec![
-        Figure::new(A_HIT.name, 1.0 - o.a_misses as f64 / acc),
+        Figure::new(A_HIT.name, 100.0 * (1.0 - o.a_misses as f64 / acc)),
         Figure::new(A_MISSES.name, o.a_misses as f64),
         Figure::new(A_RATE.name, rate),
     ];
-    if let Some(a) = alone_rate.filter(|a| *a > 0.0) {
-        f.push(Figure::new(A_VS_ALONE.name, rate / a));
+    if let Some(a) = alone.filter(|a| a.rate > 0.0) {
+        f.push(Figure::new(A_VS_ALONE.name, rate / a.rate));
+    }
+    if let Some(c) = o.a_cpu_rate() {
+        f.push(Figure::new(A_CPU_RATE.name, c));
+        if let Some(a) = alone.and_then(|a| a.cpu_rate).filter(|a| *a > 0.0) {
+            f.push(Figure::new(A_CPU_VS_ALONE.name, c / a));
+        }
+        let wall = secs * 1e9 * threads.max(1) as f64;
+        f.push(Figure::new(
+            A_CPU_PCT.name,
+            o.a_cpu_ns as f64 * 100.0 / wall,
+        ));
     }
     if o.b_pages > 0 {
         f.push(Figure::new(B_RATE.name, o.b_pages as f64 / secs));
@@ -589,10 +678,7 @@ pub fn figures(case: Case, o: &Outcome, alone_rate: Option<f64>) -> Vec<Figure> 
     if any_max {
         f.push(Figure::new(OVER_MAX.name, over as f64));
     }
-    let counts = [
-        (&o.a, A_SCAN, A_STEAL),
-        (&o.b, B_SCAN, B_STEAL),
-    ];
+    let counts = [(&o.a, A_SCAN, A_STEAL), (&o.b, B_SCAN, B_STEAL)];
     for (g, scan, steal) in counts {
         if let Some(g) = g {
             if let Some(x) = g.pgscan {
@@ -696,11 +782,10 @@ impl Workload for Memcg {
             match r {
                 Ok(o) => {
                     let base = if name == "mmkit-alone" {
-                        let rate = o.a_accesses as f64 / o.secs.max(1e-9);
-                        set_alone(case, threads, rate);
-                        Some(rate)
+                        set_alone(case, threads, o.as_alone());
+                        Some(o.as_alone())
                     } else {
-                        o.alone_rate.or_else(|| alone(case, threads))
+                        o.alone.or_else(|| alone(case, threads))
                     };
                     if o.failures > 0 {
                         eprintln!(
@@ -709,7 +794,7 @@ impl Workload for Memcg {
                             o.failures
                         );
                     }
-                    out.extend(figures(case, &o, base));
+                    out.extend(figures(case, &o, threads, base));
                 }
                 Err(why) => eprintln!("note: memcg {name} {} skipped: {why}", case.name()),
             }

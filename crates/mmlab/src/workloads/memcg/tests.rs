@@ -53,7 +53,10 @@ fn uniform_and_zipf_pick_inside_the_hot_set() {
     let top = sorted[0] as f64 / 200_000.0;
     assert!((0.06..0.11).contains(&top), "{top}");
     let tenth: u64 = sorted[..100].iter().sum();
-    assert!((0.45..0.65).contains(&(tenth as f64 / 200_000.0)), "{tenth}");
+    assert!(
+        (0.45..0.65).contains(&(tenth as f64 / 200_000.0)),
+        "{tenth}"
+    );
     assert!(sorted[999] < 40);
     // The hottest rank is scattered, not page 0 (the permutation is fixed).
     let hottest = hz.iter().position(|&c| c == sorted[0]).unwrap();
@@ -85,7 +88,10 @@ impl Pages for Vecs {
         true
     }
     fn recycle(&mut self) -> bool {
-        assert!(self.pages.iter().all(|&w| w == 1), "each page once per pass");
+        assert!(
+            self.pages.iter().all(|&w| w == 1),
+            "each page once per pass"
+        );
         self.pages.iter_mut().for_each(|w| *w = 0);
         self.recycled += 1;
         true
@@ -183,16 +189,25 @@ fn figures_of_an_outcome() {
         a_misses: 5,
         b_pages: 400,
         failures: 0,
-        alone_rate: None,
+        a_cpu_ns: 1_000_000_000,
+        alone: None,
         a: Some(g(None, None)),
         b: Some(g(Some(16 << 20), Some(12 << 20))),
     };
-    let f = figures(Case::Zipf, &o, Some(1000.0));
+    let alone = Alone {
+        rate: 1000.0,
+        cpu_rate: Some(4000.0),
+    };
+    let f = figures(Case::Zipf, &o, 1, Some(alone));
     let v = |m| get(&f, "zipf", m).unwrap_or_else(|| panic!("{m} missing: {f:?}"));
-    assert_eq!(v("a_hit_ratio"), 0.995);
+    assert_eq!(v("a_hit_pct"), 99.5);
     assert_eq!(v("a_misses"), 5.0);
     assert_eq!(v("a_accesses_per_sec"), 500.0);
     assert_eq!(v("a_vs_alone"), 0.5);
+    // 1000 accesses in 1 s of CPU over 2 s: half a CPU, 1000/s of it.
+    assert_eq!(v("a_accesses_per_cpu_sec"), 1000.0);
+    assert_eq!(v("a_cpu_vs_alone"), 0.25);
+    assert_eq!(v("a_cpu_pct"), 50.0);
     assert_eq!(v("b_pages_per_sec"), 200.0);
     assert_eq!(v("a_current_peak_mib"), 8.0);
     assert_eq!(v("b_swap_peak_mib"), 2.0);
@@ -211,14 +226,15 @@ fn figures_of_an_outcome() {
         a: None,
         b: None,
         b_pages: 0,
+        a_cpu_ns: 0,
         ..o
     };
-    let f = figures(Case::Uniform, &bare, None);
+    let f = figures(Case::Uniform, &bare, 2, None);
     let names: Vec<_> = f.iter().map(|x| x.metric).collect();
     assert_eq!(
         names,
         [
-            "a_hit_ratio",
+            "a_hit_pct",
             "a_misses",
             "a_accesses_per_sec",
             "failed_accesses"
@@ -233,11 +249,12 @@ fn kernel_protocol_and_cgroup_files_parse() {
         failures: 1,
         minflt: 2,
         majflt: 3,
+        cpu_ns: 5,
         ns: 99,
     };
     assert_eq!(Mark::parse(&m.line()), Some(m));
-    assert_eq!(Mark::parse("mark 1 2 3 4"), None);
-    assert_eq!(Mark::parse("mark 1 2 3 4 x"), None);
+    assert_eq!(Mark::parse("mark 1 2 3 4 5"), None);
+    assert_eq!(Mark::parse("mark 1 2 3 4 5 x"), None);
     assert_eq!(Mark::parse("ready"), None);
     let stat = "anon 4096\npgscan 12\npgsteal 7\n";
     assert_eq!(keyed(stat, "pgscan"), Some(12));
