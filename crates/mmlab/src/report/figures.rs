@@ -607,7 +607,7 @@ mod tests {
             "alloc_free_batch @ 8 threads: zone_lock_contended_pct mmkit 1.50%"
         );
         assert!(f[3].ends_with("not measured"));
-        assert_eq!(f.len(), 39);
+        assert_eq!(f.len(), 51);
         assert!(f[4..].iter().all(|l| l.ends_with("not measured")));
     }
 
@@ -746,7 +746,7 @@ mod tests {
             an("mmkit-numab-linux", "numa02", "system_ms", 10.0),
         ];
         let f = figures(&recs);
-        assert_eq!(f.len(), 39);
+        assert_eq!(f.len(), 51);
         assert_eq!(
             f[13],
             "autonuma (numa01-full) @ 4 threads: mmkit-numab-linux / mmkit-numab-4.0 \
@@ -784,5 +784,49 @@ mod tests {
             f[17]
         );
         assert!(f[16].contains("= inf") && f[16].ends_with("target <= 0.8x: not met)"));
+    }
+
+    #[test]
+    fn memcg_figures_come_from_case_records() {
+        let m = |variant: &str, metric: &str, value: f64| Record {
+            case: Some("zipf".into()),
+            unit: "%".into(),
+            ..rec("memcg", variant, 1, metric, value)
+        };
+        let recs = vec![
+            m("mmkit-low", "a_hit_pct", 99.5),
+            m("mmkit-low", "a_accesses_per_sec", 950.0),
+            m("mmkit-alone", "a_accesses_per_sec", 1000.0),
+            m("mmkit-root", "a_hit_pct", 80.0),
+            m("mmkit-root", "a_vs_alone", 0.5),
+            m("mmkit-max", "samples_over_max", 0.0),
+            m("kernel", "samples_over_max", 2.0),
+        ];
+        let f = figures(&recs);
+        let has = |s: &str| f.iter().any(|l| l == s);
+        assert!(has(
+            "memcg (zipf) @ 1 thread: mmkit-low a_hit_pct = 99.50 (target >= 99: met)"
+        ));
+        assert!(has(
+            "memcg (zipf) @ 1 thread: mmkit-low / mmkit-alone a_accesses_per_sec = 0.95x \
+             (950.00 vs 1000 %; target >= 0.9x: met)"
+        ));
+        assert!(has(
+            "memcg (zipf) @ 1 thread: mmkit-low / mmkit-alone a_accesses_per_cpu_sec: \
+             not measured"
+        ));
+        assert!(has(
+            "memcg (zipf) @ 1 thread: without groups (mmkit-root): a_hit_pct 80.00 and \
+             a_vs_alone 0.50x"
+        ));
+        assert!(has(
+            "memcg (zipf): mmkit-max samples_over_max = 0.00 (target <= 0.00: met)"
+        ));
+        assert!(has(
+            "memcg (zipf): kernel samples_over_max = 2.00 (target <= 0.00: not met)"
+        ));
+        assert!(has(
+            "memcg (uniform) @ 1 thread: mmkit-low a_hit_pct: not measured"
+        ));
     }
 }
