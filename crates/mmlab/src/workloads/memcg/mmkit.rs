@@ -57,12 +57,32 @@ struct Region<'a> {
     space: &'a Space,
     base: u64,
     pages: u64,
+    /// The first error of an access, for the note.
+    error: Option<String>,
 }
 
 impl Region<'_> {
     fn map(space: &Space, pages: u64) -> Result<Region<'_>, mmkit::Error> {
         let base = space.mmap((pages * 4096) as usize, MapFlags::empty())?;
-        Ok(Region { space, base, pages })
+        Ok(Region {
+            space,
+            base,
+            pages,
+            error: None,
+        })
+    }
+}
+
+impl Region<'_> {
+    /// Keeps the first error; whether `r` is Ok.
+    fn note(&mut self, r: Result<(), String>) -> bool {
+        match r {
+            Ok(()) => true,
+            Err(e) => {
+                self.error.get_or_insert(e);
+                false
+            }
+        }
     }
 }
 
@@ -75,15 +95,18 @@ impl Pages for Region<'_> {
         let mut b = [0u8; 4];
         // A different word of each page: no two pages share a cache set.
         let off = page * 4096 + (page % 1024) * 4;
-        self.space.read(self.base + off, &mut b).is_ok()
+        let r = self.space.read(self.base + off, &mut b);
+        self.note(r.map_err(|e| format!("A's read at {:#x}: {e}", self.base + off)))
     }
     #[inline]
     fn write(&mut self, page: u64) -> bool {
-        self.space.write(self.base + page * 4096, &[1]).is_ok()
+        let r = self.space.write(self.base + page * 4096, &[1]);
+        self.note(r.map_err(|e| format!("B's write of page {page}: {e}")))
     }
     fn recycle(&mut self) -> bool {
         let len = (self.pages * 4096) as usize;
-        if self.space.munmap(self.base, len).is_err() {
+        let r = self.space.munmap(self.base, len);
+        if !self.note(r.map_err(|e| format!("B's munmap: {e}"))) {
             return false;
         }
         match self.space.mmap(len, MapFlags::empty()) {
@@ -91,7 +114,7 @@ impl Pages for Region<'_> {
                 self.base = b;
                 true
             }
-            Err(_) => false,
+            Err(e) => self.note(Err(format!("B's mmap: {e}"))),
         }
     }
 }
@@ -198,6 +221,29 @@ fn err(what: &'static str) -> impl Fn(mmkit::Error) -> String {
     move |e| format!("{what}: {e}")
 }
 
+/// A's and B's groups as `setup` says, set up: none without groups, no B's
+/// alone; B's `max` from the free memory now.
+type Groups = (Option<MemCgroup>, Option<MemCgroup>);
+
+fn groups(mm: &Mm, setup: Setup, sizes: &Sizes) -> Result<Groups, String> {
+    let usable = mm.nr_free_pages() * 4096;
+    if setup == Setup::Root {
+        return Ok((None, None));
+    }
+    let a = mm.new_group().map_err(err("new_group"))?;
+    if setup == Setup::Low {
+        a.set_low(sizes.low).map_err(err("A's set_low"))?;
+    }
+    if setup == Setup::Alone {
+        return Ok((Some(a), None));
+    }
+    let b = mm.new_group().map_err(err("new_group"))?;
+    if setup == Setup::Max {
+        b.set_max(sizes.b_max(usable)).map_err(err("B's set_max"))?;
+    }
+    Ok((Some(a), Some(b)))
+}
+
 /// Makes the groups and spaces of `setup` on `mm`, runs A and B, measures.
 pub fn measure(
     mm: &Mm,
@@ -208,24 +254,8 @@ pub fn measure(
     plan: &Plan,
 ) -> Result<Outcome, String> {
     let threads = threads.max(1);
-    let usable = mm.nr_free_pages() * 4096;
     let with_b = setup != Setup::Alone;
-    let (ga, gb) = match setup {
-        Setup::Root => (None, None),
-        _ => (
-            Some(mm.new_group().map_err(err("new_group"))?),
-            with_b
-                .then(|| mm.new_group())
-                .transpose()
-                .map_err(err("new_group"))?,
-        ),
-    };
-    if let (Setup::Low, Some(a)) = (setup, &ga) {
-        a.set_low(sizes.low).map_err(err("A's set_low"))?;
-    }
-    if let (Setup::Max, Some(b)) = (setup, &gb) {
-        b.set_max(sizes.b_max(usable)).map_err(err("B's set_max"))?;
-    }
+    let (ga, gb) = groups(mm, setup, sizes)?;
     let space_in = |g: &Option<MemCgroup>| match g {
         Some(g) => mm.new_space_in(g),
         None => mm.new_space(),
@@ -257,7 +287,7 @@ pub fn measure(
             s.sample(g.current(), g.swap_current());
         }
     };
-    let ((s0, s1, sampled, secs, warm), _) = phase::drive(
+    let ((s0, s1, sampled, secs, warm), errors) = phase::drive(
         inputs,
         |i| Placement {
             cpus: cpu::round_robin(&cpus, i),
@@ -269,6 +299,7 @@ pub fn measure(
             } else {
                 stream_loop(&mut r, &pb, word);
             }
+            r.error
         },
         |word| {
             let t0 = Instant::now();
@@ -299,6 +330,9 @@ pub fn measure(
             (s0, s1, (sa_, sb_), secs, warm)
         },
     );
+    if let Some(e) = errors.into_iter().flatten().next() {
+        eprintln!("note: memcg {setup:?}: an access failed: {e}");
+    }
     if !warm {
         eprintln!(
             "note: memcg: B wrote {} of {} warm-up pages in {} ms; measured anyway",

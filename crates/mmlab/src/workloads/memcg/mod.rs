@@ -67,7 +67,8 @@ pub struct Sizes {
     pub low: u64,
     /// B's region, all threads together.
     pub region: u64,
-    /// The swap device: B's region and A's hot set, a sixteenth and 4 MiB.
+    /// The swap device: B's region and twice A's hot set (its pages can hold
+    /// slots while resident, in the swap cache), a sixteenth and 4 MiB.
     pub swap: u64,
 }
 
@@ -79,7 +80,7 @@ impl Sizes {
     pub fn for_memory(memory: u64) -> Sizes {
         let hot = memory * HOT_EIGHTHS / 8 / 4096 * 4096;
         let region = memory * STREAM_FACTOR;
-        let both = region + hot;
+        let both = region + 2 * hot;
         Sizes {
             memory,
             hot,
