@@ -524,7 +524,10 @@ mod tests {
                         || w.name() == "pmbench"
                         || (t > 1 && (w.name() == "clear_huge" || v.name == "kernel"))
                         // autonuma's kernel needs a multi-node host.
-                        || (w.name() == "autonuma" && v.name == "kernel");
+                        || (w.name() == "autonuma" && v.name == "kernel")
+                        // memcg's kernel needs root, and under --quick the
+                        // host swap opt-in.
+                        || (w.name() == "memcg" && v.name == "kernel");
                     assert!(
                         may_skip || !vals.is_empty(),
                         "{} / {} at {t} threads measured nothing: {f:?}",
