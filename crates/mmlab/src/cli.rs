@@ -64,6 +64,15 @@ enum Command {
         #[arg(num_args = 3)]
         spec: Vec<String>,
     },
+    /// Internal: a child process of memcg's kernel peer.
+    #[command(name = "memcg-child", hide = true)]
+    MemcgChild {
+        role: String,
+        case: String,
+        bytes: u64,
+        threads: usize,
+        deadline_ms: u64,
+    },
     /// Page traces of real programs for `run reclaim --trace`.
     #[command(subcommand)]
     Trace(TraceCommand),
@@ -243,6 +252,13 @@ pub fn main() -> Result<()> {
         Command::ReclaimChild { deadline_ms, spec } => {
             workloads::reclaim::kernel::child_main(deadline_ms, &spec)
         }
+        Command::MemcgChild {
+            role,
+            case,
+            bytes,
+            threads,
+            deadline_ms,
+        } => workloads::memcg::kernel::child_main(&role, &case, bytes, threads, deadline_ms),
         Command::Trace(TraceCommand::Record { out, program }) => trace_record(out, &program),
     }
 }

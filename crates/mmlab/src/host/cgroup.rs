@@ -2,10 +2,11 @@
 //! (v1, a `cgroup` mount with the `memory` option; or v2, a `cgroup2` mount
 //! whose `cgroup.controllers` offers `memory`), and a cgroup of ours limited to
 //! a number of bytes of memory with swap unlimited, into which a process is
-//! moved.
+//! moved; children of one of ours are made by passing its directory as the
+//! root (`CgroupRoot::V1(dir)` or `V2(dir)`).
 //!
-//! Invariants: a `Cgroup` is removed when dropped (after its tasks exited,
-//! waiting up to a second for them); cgroups are named as every host object of
+//! Invariants: a `Cgroup` is removed when dropped, with any cgroups made below
+//! it (after their tasks exited, waiting up to a second for them); cgroups are named as every host object of
 //! the lab is (`super::fresh_name`), so that `clean_leftovers` removes those a
 //! crashed run left (owner pid gone) and never a concurrent run's.
 //! Errors are strings that say which file or step failed.
@@ -101,13 +102,23 @@ impl Cgroup {
         write_file(&self.dir.join("cgroup.procs"), &pid.to_string())
     }
 
-    /// Removes the (empty) cgroup, waiting up to a second for exiting tasks.
+    /// Removes the cgroup and any below it (their tasks gone), waiting up to a
+    /// second each for exiting tasks.
     pub fn remove(&self) -> Result<(), String> {
         remove_cgroup_dir(&self.dir)
     }
 }
 
+/// Removes cgroup `dir` and the cgroups below it (children first: a cgroup
+/// with children cannot go), waiting up to a second each for exiting tasks.
 fn remove_cgroup_dir(dir: &Path) -> Result<(), String> {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_dir(&e.path())?;
+            }
+        }
+    }
     let t0 = Instant::now();
     loop {
         match fs::remove_dir(dir) {

@@ -11,7 +11,8 @@
 //! numa01_THREAD_ALLOC); pmbench (the swap-cache and LRU locks and the score
 //! against the 2019 policies at 8 threads, against the kernel at 2); reclaim
 //! (device reads against the kernel, exact LRU and fixed ceilings, the scan
-//! cost, kswapd CPU against the classic policy). A figure
+//! cost, kswapd CPU against the classic policy); memcg (A's hit ratio and
+//! throughput with `low`, without groups beside them, the limit held). A figure
 //! whose inputs were not measured says so.
 
 use crate::record::{lookup, lookup_case, Record};
@@ -167,7 +168,8 @@ fn case_floor(
     variant: &str,
     floor: f64,
 ) -> String {
-    let head = format!("{workload} ({case}) @ {threads} threads: {variant} {metric}");
+    let t = if threads == 1 { "thread" } else { "threads" };
+    let head = format!("{workload} ({case}) @ {threads} {t}: {variant} {metric}");
     match lookup_case(records, workload, variant, threads, metric, case) {
         Some(x) => format!(
             "{head} = {} (target >= {floor}: {})",
@@ -386,6 +388,54 @@ fn reclaim(records: &[Record], out: &mut Vec<String>) {
     out.push(r("zipf", "kswapd_cpu_ns_per_page", classic, 1.0));
 }
 
+/// The memcg figures (1 thread per group), per case: A's hit ratio and
+/// throughput with `low` against their targets, the same without groups
+/// beside them, and the limit held where B has a `max`.
+fn memcg(records: &[Record], out: &mut Vec<String>) {
+    let w = "memcg";
+    for case in ["uniform", "zipf"] {
+        out.push(case_floor(
+            records,
+            w,
+            case,
+            1,
+            "a_hit_pct",
+            "mmkit-low",
+            99.0,
+        ));
+        let t = Target::Times(0.9);
+        let low = "mmkit-low";
+        for a in ["a_accesses_per_sec", "a_accesses_per_cpu_sec"] {
+            out.push(case_ratio(records, w, case, 1, a, low, "mmkit-alone", t));
+        }
+        let get = |v: &str, m: &str| lookup_case(records, w, v, 1, m, case);
+        let head = format!("{w} ({case}) @ 1 thread: without groups (mmkit-root)");
+        out.push(
+            match (
+                get("mmkit-root", "a_hit_pct"),
+                get("mmkit-root", "a_vs_alone"),
+            ) {
+                (Some(h), Some(r)) => {
+                    format!("{head}: a_hit_pct {} and a_vs_alone {r:.2}x", num(h))
+                }
+                (Some(h), None) => format!("{head}: a_hit_pct {}, a_vs_alone not measured", num(h)),
+                _ => format!("{head}: not measured"),
+            },
+        );
+        for v in ["mmkit-max", "kernel"] {
+            out.push(case_ceiling(
+                records,
+                w,
+                case,
+                "samples_over_max",
+                v,
+                0.0,
+                None,
+            ));
+        }
+    }
+}
+
 /// The figures, one line each.
 pub fn figures(records: &[Record]) -> Vec<String> {
     let mut out = vec![
@@ -472,6 +522,7 @@ pub fn figures(records: &[Record]) -> Vec<String> {
     autonuma(records, &mut out);
     pmbench(records, &mut out);
     reclaim(records, &mut out);
+    memcg(records, &mut out);
     out
 }
 
@@ -556,7 +607,7 @@ mod tests {
             "alloc_free_batch @ 8 threads: zone_lock_contended_pct mmkit 1.50%"
         );
         assert!(f[3].ends_with("not measured"));
-        assert_eq!(f.len(), 39);
+        assert_eq!(f.len(), 51);
         assert!(f[4..].iter().all(|l| l.ends_with("not measured")));
     }
 
@@ -695,7 +746,7 @@ mod tests {
             an("mmkit-numab-linux", "numa02", "system_ms", 10.0),
         ];
         let f = figures(&recs);
-        assert_eq!(f.len(), 39);
+        assert_eq!(f.len(), 51);
         assert_eq!(
             f[13],
             "autonuma (numa01-full) @ 4 threads: mmkit-numab-linux / mmkit-numab-4.0 \
@@ -733,5 +784,49 @@ mod tests {
             f[17]
         );
         assert!(f[16].contains("= inf") && f[16].ends_with("target <= 0.8x: not met)"));
+    }
+
+    #[test]
+    fn memcg_figures_come_from_case_records() {
+        let m = |variant: &str, metric: &str, value: f64| Record {
+            case: Some("zipf".into()),
+            unit: "%".into(),
+            ..rec("memcg", variant, 1, metric, value)
+        };
+        let recs = vec![
+            m("mmkit-low", "a_hit_pct", 99.5),
+            m("mmkit-low", "a_accesses_per_sec", 950.0),
+            m("mmkit-alone", "a_accesses_per_sec", 1000.0),
+            m("mmkit-root", "a_hit_pct", 80.0),
+            m("mmkit-root", "a_vs_alone", 0.5),
+            m("mmkit-max", "samples_over_max", 0.0),
+            m("kernel", "samples_over_max", 2.0),
+        ];
+        let f = figures(&recs);
+        let has = |s: &str| f.iter().any(|l| l == s);
+        assert!(has(
+            "memcg (zipf) @ 1 thread: mmkit-low a_hit_pct = 99.50 (target >= 99: met)"
+        ));
+        assert!(has(
+            "memcg (zipf) @ 1 thread: mmkit-low / mmkit-alone a_accesses_per_sec = 0.95x \
+             (950.00 vs 1000 %; target >= 0.9x: met)"
+        ));
+        assert!(has(
+            "memcg (zipf) @ 1 thread: mmkit-low / mmkit-alone a_accesses_per_cpu_sec: \
+             not measured"
+        ));
+        assert!(has(
+            "memcg (zipf) @ 1 thread: without groups (mmkit-root): a_hit_pct 80.00 and \
+             a_vs_alone 0.50x"
+        ));
+        assert!(has(
+            "memcg (zipf): mmkit-max samples_over_max = 0.00 (target <= 0.00: met)"
+        ));
+        assert!(has(
+            "memcg (zipf): kernel samples_over_max = 2.00 (target <= 0.00: not met)"
+        ));
+        assert!(has(
+            "memcg (uniform) @ 1 thread: mmkit-low a_hit_pct: not measured"
+        ));
     }
 }

@@ -21,6 +21,7 @@ mod autonuma;
 mod clear_huge;
 mod cross_cpu_free;
 mod highalloc;
+pub mod memcg;
 mod order0_thp_mix;
 mod page_fault1;
 mod parallel_free;
@@ -162,6 +163,7 @@ pub fn all() -> Vec<&'static dyn Workload> {
         &pmbench::Pmbench,
         &reclaim::Reclaim,
         &autonuma::Autonuma,
+        &memcg::Memcg,
     ]
 }
 
@@ -522,7 +524,10 @@ mod tests {
                         || w.name() == "pmbench"
                         || (t > 1 && (w.name() == "clear_huge" || v.name == "kernel"))
                         // autonuma's kernel needs a multi-node host.
-                        || (w.name() == "autonuma" && v.name == "kernel");
+                        || (w.name() == "autonuma" && v.name == "kernel")
+                        // memcg's kernel needs root, and under --quick the
+                        // host swap opt-in.
+                        || (w.name() == "memcg" && v.name == "kernel");
                     assert!(
                         may_skip || !vals.is_empty(),
                         "{} / {} at {t} threads measured nothing: {f:?}",
