@@ -106,29 +106,73 @@ fn zipf(policy: LruPolicy, scale: u64) {
     );
 }
 
+fn env(k: &str) -> bool {
+    std::env::var(k).is_ok()
+}
 fn scan(policy: LruPolicy, rounds: usize) {
-    let mm = build(policy);
+    let mm = if env("LAB") {
+        let v = if policy == LruPolicy::Classic {
+            mmkit::Variant::MmkitLruClassic
+        } else {
+            mmkit::Variant::Mmkit
+        };
+        let mm = Mm::builder()
+            .memory(64 * MIB)
+            .variant(v)
+            .prefault(true)
+            .build()
+            .unwrap();
+        mm.swapon(SwapDevice::ram(320 << 20).populated()).unwrap();
+        mm
+    } else {
+        build(policy)
+    };
     let s = mm.new_space().unwrap();
     let n: u64 = 4 * 64 * MIB as u64 / PAGE;
     let hot = n / 16; // a quarter of memory
     let scan = n * 5 / 16; // 1.25x memory
     let a = s.mmap((n * PAGE) as usize, MapFlags::empty()).unwrap();
+    let mut b = s.mmap((scan * PAGE) as usize, MapFlags::empty()).unwrap();
     let mut per_round = Vec::new();
     let mut cursor = hot;
     let first = ev(&mm);
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    if env("FILL") {
+        for i in 0..hot {
+            s.write(a + i * PAGE, &[3]).unwrap();
+        }
+    }
     for _ in 0..rounds {
         let before = ev(&mm)[0];
         for _ in 0..2 {
-            for i in 0..hot {
-                s.touch(a + i * PAGE, false).unwrap();
+            let mut order: Vec<u64> = (0..hot).collect();
+            if env("SHUF") {
+                for i in (1..hot as usize).rev() {
+                    order.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+                }
+            }
+            for &i in &order {
+                if env("SHUF") && rng.next() % 10 < 2 {
+                    s.write(a + i * PAGE, &[1]).unwrap();
+                } else {
+                    s.touch(a + i * PAGE, false).unwrap();
+                }
             }
         }
         per_round.push((ev(&mm)[0] - before) as f64 / hot as f64);
-        for _ in 0..scan {
-            s.write(a + cursor * PAGE, &[2]).unwrap();
-            cursor += 1;
-            if cursor == n {
-                cursor = hot;
+        if env("DISCARD") {
+            for i in 0..scan {
+                s.write(b + i * PAGE, &[2]).unwrap();
+            }
+            s.munmap(b, (scan * PAGE) as usize).unwrap();
+            b = s.mmap((scan * PAGE) as usize, MapFlags::empty()).unwrap();
+        } else {
+            for _ in 0..scan {
+                s.write(a + cursor * PAGE, &[2]).unwrap();
+                cursor += 1;
+                if cursor == n {
+                    cursor = hot;
+                }
             }
         }
     }

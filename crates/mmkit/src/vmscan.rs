@@ -183,9 +183,11 @@ pub(crate) fn direct_reclaim(mm: &Mm) -> u64 {
 
 /// Linux's `shrink_node` for one node's anonymous lists: ages the active list
 /// when the inactive one is the smaller, then reclaims from the inactive one.
-/// When nothing could be reclaimed because every page was referenced, it tries
-/// once more ignoring the accessed bits (Linux gets there by raising the scan
-/// priority): under pressure, pages are freed rather than an allocation failing.
+/// Batches the policy only sorted (kept or activated every page) are followed
+/// by the next, up to one pass over the inactive list; when that freed
+/// nothing, it tries once more ignoring the accessed bits (Linux gets there by
+/// raising the scan priority): under pressure, pages are freed rather than an
+/// allocation failing.
 pub(crate) fn shrink_node(mm: &Mm, nid: usize, nr: usize, who: Reclaimer) -> u64 {
     if !mm.can_swap_out() {
         return 0;
@@ -274,6 +276,13 @@ impl<'a> Target<'a> {
 /// One lruvec's part of Linux's `shrink_node` (`shrink_lruvec`): ages its
 /// active list when the inactive one is the smaller, then reclaims up to `nr`
 /// pages from its inactive list; `force` ignores the accessed bits.
+///
+/// A batch that freed nothing because the policy sorted it (kept pages seen
+/// young once, activated referenced ones) is followed by the next, up to one
+/// pass over the inactive list, before the caller forces: Linux raises the
+/// scan priority until it has scanned the whole list. A batch of freshly
+/// faulted pages (young at their first visit) or of hot ones is no reason to
+/// strip the active list.
 pub(crate) fn shrink_lruvec(
     mm: &Mm,
     t: Target<'_>,
@@ -282,8 +291,15 @@ pub(crate) fn shrink_lruvec(
     who: Reclaimer,
     force: bool,
 ) -> u64 {
-    age_active(mm, t, nid, nr, force);
-    shrink_inactive_list(mm, t, nid, nr, who, force)
+    let mut budget = t.vec.nr_pages(mm.lru(), nid).1;
+    loop {
+        age_active(mm, t, nid, nr, force);
+        let (r, sorted) = shrink_inactive_list(mm, t, nid, nr, who, force);
+        if r > 0 || force || sorted == 0 || budget < sorted {
+            return r;
+        }
+        budget -= sorted;
+    }
 }
 
 /// Batches of the active list one `age_active` scans at most (the protected
@@ -382,7 +398,8 @@ fn put_isolated(mm: &Mm, nid: usize, pages: &[Pfn]) {
 }
 
 /// Linux's `shrink_inactive_list`: isolates up to `nr` pages from the inactive
-/// tail and reclaims what it can; returns the pages freed.
+/// tail and reclaims what it can; returns the pages freed and those the
+/// policy sorted (kept on the inactive list or activated).
 fn shrink_inactive_list(
     mm: &Mm,
     t: Target<'_>,
@@ -390,12 +407,12 @@ fn shrink_inactive_list(
     nr: usize,
     who: Reclaimer,
     force: bool,
-) -> u64 {
+) -> (u64, u64) {
     let lru = mm.lru();
     let mut pages = Vec::with_capacity(nr);
     lru.isolate(mm, t.vec, nid, LruList::Inactive, nr, &mut pages);
     if pages.is_empty() {
-        return 0;
+        return (0, 0);
     }
     let (scan, steal) = match who {
         Reclaimer::Kswapd => (VmEvent::PgScanKswapd, VmEvent::PgStealKswapd),
@@ -406,12 +423,12 @@ fn shrink_inactive_list(
     mm.page_alloc().count_vm_event(scan, pages.len() as u64);
     t.count(crate::memcontrol::Event::PgScan, pages.len() as u64);
     let list = split.as_deref().unwrap_or(&pages);
-    let freed = shrink_page_list(mm, t, list, force, &mut back);
+    let (freed, sorted) = shrink_page_list(mm, t, list, force, &mut back);
     lru.putback(mm, &back);
     put_isolated(mm, nid, &pages);
     mm.page_alloc().count_vm_event(steal, freed);
     t.count(crate::memcontrol::Event::PgSteal, freed);
-    freed
+    (freed, sorted)
 }
 
 /// Linux's `split_folio_to_list` in `shrink_folio_list`: each huge page of
@@ -498,20 +515,22 @@ fn split_huge_isolated(
 /// Linux's `shrink_page_list` over isolated pages (steps 1 to 5 of the module
 /// header). Pages kept go to `back` with the list they return to. Returns the
 /// number of pages swapped out (their mapping reference dropped; the isolation
-/// reference, the last, is the caller's).
+/// reference, the last, is the caller's) and of those the policy sorted (a
+/// `Keep` or `Activate` verdict).
 fn shrink_page_list<'a>(
     mm: &'a Mm,
     t: Target<'_>,
     pages: &[Pfn],
     force: bool,
     back: &mut Vec<(Pfn, LruList)>,
-) -> u64 {
+) -> (u64, u64) {
     let mut rwc = RmapWalkControl::default();
     let swap = mm.swap();
     // The devices of the batch's slots, each looked up once for the batch.
     let mut pins = SwapPins::default();
     let mut victims: Vec<Victim<'a>> = Vec::with_capacity(pages.len());
     let mut activated = 0;
+    let mut sorted = 0;
     // 1. Locked, unpinned, unreferenced; and does it need writing?
     for &pfn in pages {
         let Some(lock) = mm.trylock_page(pfn) else {
@@ -537,9 +556,13 @@ fn shrink_page_list<'a>(
         };
         match (seen, verdict) {
             (None | Some((_, None)), _) => back.push((pfn, LruList::Inactive)),
-            (_, TailVerdict::Keep) => back.push((pfn, LruList::Inactive)),
+            (_, TailVerdict::Keep) => {
+                sorted += 1;
+                back.push((pfn, LruList::Inactive));
+            }
             (_, TailVerdict::Activate) => {
                 activated += 1;
+                sorted += 1;
                 back.push((pfn, LruList::Active));
             }
             (Some((_, Some(dirty))), TailVerdict::Reclaim) => {
@@ -622,7 +645,7 @@ fn shrink_page_list<'a>(
             ));
         }
     }
-    freed
+    (freed, sorted)
 }
 
 /// Step 2 (Linux's `folio_alloc_swap`): slots for the victims that have none,
