@@ -183,7 +183,60 @@ fn scan(policy: LruPolicy, rounds: usize) {
     report("scan", policy, median, first, ev(&mm));
 }
 
+fn shift(policy: LruPolicy) {
+    let v = if policy == LruPolicy::Classic {
+        mmkit::Variant::MmkitLruClassic
+    } else {
+        mmkit::Variant::Mmkit
+    };
+    let mm = Mm::builder()
+        .memory(64 * MIB)
+        .variant(v)
+        .prefault(true)
+        .build()
+        .unwrap();
+    mm.swapon(SwapDevice::ram(400 << 20).populated()).unwrap();
+    let s = mm.new_space().unwrap();
+    let m: u64 = 64 * MIB as u64 / PAGE;
+    let hot = m * 3 / 4;
+    let total = 2 * hot + 4 * m;
+    let a = s.mmap((total * PAGE) as usize, MapFlags::empty()).unwrap();
+    for i in 0..total {
+        s.write(a + i * PAGE, &[1]).unwrap();
+    }
+    let mut rng = Rng(0x7777_1234_5678_9abc);
+    for phase in 0..2u64 {
+        let base = phase * hot;
+        let before = ev(&mm);
+        let mut win = ev(&mm);
+        for k in 0..16 * hot {
+            let p = base + rng.next() % hot;
+            if rng.next() % 100 < 20 {
+                s.write(a + p * PAGE, &[2]).unwrap();
+            } else {
+                s.touch(a + p * PAGE, false).unwrap();
+            }
+            if (k + 1) % (m / 2) == 0 && std::env::var("WIN").is_ok() {
+                let e = ev(&mm);
+                let d: Vec<u64> = e.iter().zip(win).map(|(x, y)| x - y).collect();
+                println!(
+                    "  win {k}: in {} scan {} steal {} act {} deact {} refault {} wsact {}",
+                    d[0], d[1], d[2], d[3], d[4], d[5], d[6]
+                );
+                win = e;
+            }
+        }
+        report("shift", policy, 0.0, before, ev(&mm));
+    }
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("shift") {
+        for policy in [LruPolicy::Protected, LruPolicy::Classic] {
+            shift(policy);
+        }
+        return;
+    }
     let args: Vec<String> = std::env::args().collect();
     let which = args.get(1).map(String::as_str).unwrap_or("both");
     let scale: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);

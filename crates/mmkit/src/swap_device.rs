@@ -164,9 +164,11 @@ impl SwapInfoStruct {
         }
     }
 
-    /// A slot became free: its checksum is forgotten, and it is counted.
+    /// A slot became free (under its cluster lock): its checksum and its
+    /// shadow are forgotten, and it is counted.
     fn on_free(&self, slot: u32) {
         self.io.invalidate(slot);
+        self.cache.clear_shadow(slot);
         self.totals.slots(-1);
         let o = &self.memcg_owner[slot as usize];
         if o.load(Ordering::Relaxed) != 0 {

@@ -16,9 +16,9 @@
 //! (`workingset.rs`: the eviction clock, node and workingset bit, tagged with
 //! `SHADOW_TAG`, as Linux 6.18's swap table holds NULL, a folio or a shadow):
 //! lookups do not see it, an insert replaces it, the refault reads it first
-//! (`swap_shadow`). A shadow left in a slot freed since is never read: only a
-//! PTE's swap entry leads to a swap-in, and every such entry was written by an
-//! eviction that left its own shadow (or none) in that slot.
+//! (`swap_shadow`), and freeing the slot clears it (`clear_shadow`, under the
+//! cluster lock, as Linux's swap table does): a shadow belongs to the slot's
+//! one eviction, never to a later owner of the slot.
 //! Invariants: at most one pfn per slot; an entry is inserted only where no page
 //! is, and deleted only by naming the pfn it holds; `nr_cached` is the number of
 //! page entries (per-CPU counters folded on read).
@@ -282,6 +282,28 @@ impl SwapCache {
             }
         }
         true
+    }
+
+    /// Forgets the shadow of a slot that became free (Linux's
+    /// `__swap_cluster_free_entries` clears its table entries): a later
+    /// owner of the slot never reads the evicted page's. The caller holds the
+    /// slot's cluster lock (the table's writers' lock); a free slot caches no
+    /// page, so only a shadow can be there.
+    pub(crate) fn clear_shadow(&self, slot: u32) {
+        match &self.index {
+            Index::Trunks(t) => {
+                let mut g = Self::trunk(t, slot).lock(&self.trunk_lock_stats);
+                if g.get(&slot).is_some_and(|&w| w & SHADOW_TAG != 0) {
+                    g.remove(&slot);
+                }
+            }
+            Index::Table(t) => {
+                let e = &t[slot as usize];
+                if e.load(Ordering::Relaxed) & SHADOW_TAG != 0 {
+                    e.store(0, Ordering::Release);
+                }
+            }
+        }
     }
 
     /// Removes `slot -> pfn` (Linux's `__delete_from_swap_cache`), leaving
@@ -785,6 +807,65 @@ mod tests {
                 assert!(c.delete_from_swap_cache(&map, s, pfn, 0));
             }
             assert_eq!(c.nr_cached(), 0);
+        }
+    }
+
+    /// Evicted pages leave shadows in their slots; freeing the slots (the
+    /// mapping dropped) clears them, so a later owner of a slot reads none.
+    #[test]
+    fn freed_slot_keeps_no_shadow() {
+        for kind in [SwapCacheIndex::Trunks, SwapCacheIndex::Table] {
+            let mm = crate::Mm::builder()
+                .memory(8 << 20)
+                .fault_around(1)
+                .kswapd(false)
+                .swap_cache(kind)
+                .build()
+                .unwrap();
+            mm.swapon(crate::SwapDevice::ram(8 << 20)).unwrap();
+            let s = mm.new_space().unwrap();
+            let n = 256u64;
+            let a = s
+                .mmap((n * 4096) as usize, crate::MapFlags::empty())
+                .unwrap();
+            for i in 0..n {
+                s.write(a + i * 4096, &[i as u8 | 1]).unwrap();
+            }
+            assert_eq!(mm.reclaim(64), 64);
+            let dev = mm.swap().get(SwapEntry::new(0, 0).unwrap()).unwrap();
+            let nr = dev.map.nr_slots();
+            let shadows = || {
+                (0..nr)
+                    .filter(|&x| dev.cache.swap_shadow(x).is_some())
+                    .count()
+            };
+            assert_eq!(shadows(), 64, "{kind:?}");
+            // Half of them back (a page replaces its shadow), the other half
+            // dropped with the mapping, shadows still in their slots.
+            let gone: Vec<u64> = (0..n)
+                .filter(|&i| s.translate(a + i * 4096).is_none())
+                .collect();
+            assert_eq!(gone.len(), 64);
+            for &i in gone.iter().step_by(2) {
+                let mut b = [0u8];
+                s.read(a + i * 4096, &mut b).unwrap();
+                assert_eq!(b[0], i as u8 | 1);
+            }
+            assert_eq!(shadows(), 32, "{kind:?}");
+            s.munmap(a, (n * 4096) as usize).unwrap();
+            mm.wait_reclaim_idle();
+            assert_eq!(dev.map.inuse(), 0);
+            assert_eq!(shadows(), 0, "{kind:?}: a freed slot kept its shadow");
+            if let Index::Trunks(t) = &dev.cache.index {
+                let left: usize = t
+                    .iter()
+                    .map(|g| g.lock(&dev.cache.trunk_lock_stats).len())
+                    .sum();
+                assert_eq!(left, 0, "trunk entries left");
+            }
+            drop(dev);
+            drop(s);
+            mm.check().unwrap();
         }
     }
 }
