@@ -11,13 +11,19 @@
 //!   with a 2-bit use counter per page (2Q / S3-FIFO / CLOCK-Pro family). The
 //!   faulting access is the insertion, not a reuse: a page mapped young before
 //!   anyone used it (fault-around, a huge page) carries `LRU_FRESH`, and its
-//!   first sighting of the accessed bit only clears that. A probation page seen
-//!   referenced at the tail is promoted; one not seen is evicted. The clock
-//!   hand counts a referenced protected page up (to 3) and an unreferenced one
-//!   down; at 0 it is demoted to the probation head, not out (a second chance:
-//!   one reference there promotes it again). A refault whose distance fits the
-//!   protected list goes straight to it. A one-pass scan never touches a page
-//!   twice, so it never reaches the protected list and cannot flush it.
+//!   first sighting of the accessed bit only clears that. A probation page is
+//!   promoted when seen referenced at two consecutive tail visits
+//!   (`LRU_REFERENCED` marks the first), or at one if it was in the working
+//!   set before (`LRU_WORKINGSET`: demoted from the protected list, or
+//!   restored by a refault); one not seen is evicted. Looking twice keeps an
+//!   accessed bit set long ago, before the working set moved, from promoting
+//!   a page no one uses any more. The clock hand counts a referenced
+//!   protected page up (to 3) and an unreferenced one down; at 0 it is
+//!   demoted to the probation head, not out (a second chance: one reference
+//!   there promotes it again). A refault whose distance fits what the
+//!   protected list may hold (the lists and the node's free pages, less the
+//!   probation target) goes straight to it. A one-pass scan never touches a
+//!   page twice, so it never reaches the protected list and cannot flush it.
 //! - `Classic` (Linux 6.18, MGLRU off): new pages start inactive; a page is
 //!   activated only when seen young at two consecutive inactive-tail visits
 //!   (`PG_referenced`, `folio_check_references`); `shrink_active_list`
@@ -43,7 +49,7 @@ pub enum LruPolicy {
 /// (Protected) Mapped young before any access was seen: the first accessed bit
 /// found is the insertion's, not a reuse.
 pub const LRU_FRESH: u8 = 1 << 0;
-/// (Classic) Linux's `PG_referenced`: seen young at the last inactive-tail visit.
+/// Linux's `PG_referenced`: seen young at the last inactive-tail visit.
 pub const LRU_REFERENCED: u8 = 1 << 1;
 /// Linux's `PG_workingset`: the page was active once (deactivated, or restored
 /// by a refault); evictions record it in the shadow.
@@ -109,12 +115,16 @@ impl LruPolicy {
     pub const fn inactive_tail(self, state: u8, referenced: bool) -> (TailVerdict, u8) {
         match self {
             LruPolicy::Protected => {
+                let was = state & (LRU_REFERENCED | LRU_WORKINGSET) != 0;
+                let state = state & !LRU_REFERENCED;
                 if !referenced {
                     (TailVerdict::Reclaim, state & !LRU_FRESH)
                 } else if state & LRU_FRESH != 0 {
                     (TailVerdict::Keep, state & !LRU_FRESH)
-                } else {
+                } else if was {
                     (TailVerdict::Activate, with_use(state, 0))
+                } else {
+                    (TailVerdict::Keep, state | LRU_REFERENCED)
                 }
             }
             LruPolicy::Classic => {
@@ -181,21 +191,26 @@ impl LruPolicy {
 
     /// Is a refault `distance` evictions and activations after its eviction
     /// recent enough to activate (Linux's `workingset_test_recent`)?
-    /// `active`/`inactive`: the node's lists now; `swap_free`: free swap slots
+    /// `active`/`inactive`: the node's lists now; `free`: the node's free
+    /// pages (the lists may grow into them); `swap_free`: free swap slots
     /// exist (Linux counts anon in the workingset only then).
     pub fn refault_recent(
         self,
         distance: u64,
         active: u64,
         inactive: u64,
+        free: u64,
         swap_free: bool,
     ) -> bool {
         match self {
             LruPolicy::Classic => swap_free && distance <= active,
-            // Fits what the protected list may hold.
+            // Fits what the protected list may hold: the lists, grown into
+            // the free pages, less the probation target. (After a large
+            // unmap the lists are short, but a page that refaults within
+            // a memory's worth of evictions is still the working set.)
             LruPolicy::Protected => {
-                distance
-                    <= (active + inactive).saturating_sub(self.inactive_target(active, inactive))
+                let room = active + inactive + free;
+                distance <= room.saturating_sub(self.inactive_target(active + free, inactive))
             }
         }
     }
@@ -257,14 +272,30 @@ mod tests {
         assert_eq!(C.inactive_tail(s, false).0, TailVerdict::Reclaim);
     }
 
-    /// A page used again after its fault is promoted at its first tail visit
-    /// (Protected); Classic needs two young sightings in a row.
+    /// A page used again after its fault is promoted when seen young at two
+    /// tail visits in a row (a fresh page's first sighting is its
+    /// insertion's and does not count); one that was in the working set at
+    /// the first. Classic needs two young sightings in a row.
     #[test]
     fn reuse_promotes() {
-        assert_eq!(P.inactive_tail(0, true).0, TailVerdict::Activate);
+        let (v, s) = P.inactive_tail(0, true);
+        assert_eq!((v, s & LRU_REFERENCED), (TailVerdict::Keep, LRU_REFERENCED));
+        let (v, s) = P.inactive_tail(s, true);
+        assert_eq!((v, s & LRU_REFERENCED), (TailVerdict::Activate, 0));
         let (v, s) = P.inactive_tail(LRU_FRESH, true);
+        assert_eq!((v, s), (TailVerdict::Keep, 0));
+        let (v, s) = P.inactive_tail(s, true);
         assert_eq!(v, TailVerdict::Keep);
         assert_eq!(P.inactive_tail(s, true).0, TailVerdict::Activate);
+        // A bit set long ago (the page's users moved on) promotes nothing:
+        // young once, then not, and the page goes.
+        let (_, s) = P.inactive_tail(0, true);
+        let (v, s) = P.inactive_tail(s, false);
+        assert_eq!((v, s & LRU_REFERENCED), (TailVerdict::Reclaim, 0));
+        assert_eq!(
+            P.inactive_tail(LRU_WORKINGSET, true).0,
+            TailVerdict::Activate
+        );
         let (v, s) = C.inactive_tail(0, true);
         assert_eq!((v, s & LRU_REFERENCED), (TailVerdict::Keep, LRU_REFERENCED));
         let (v, s) = C.inactive_tail(s, true);
@@ -280,7 +311,8 @@ mod tests {
     /// mark, so one reference there promotes it again: a second chance.
     #[test]
     fn demotion_gives_second_chance() {
-        let (_, mut s) = P.inactive_tail(0, true);
+        let (v, mut s) = P.inactive_tail(LRU_REFERENCED, true);
+        assert_eq!(v, TailVerdict::Activate);
         for _ in 0..5 {
             let (v, n) = P.active_scan(s, true, false);
             assert_eq!(v, ActiveVerdict::Rotate);
@@ -316,11 +348,15 @@ mod tests {
         assert!(P.inactive_is_low(15500, 500));
         assert!(!P.inactive_is_low(15000, 1000));
         // Refault tests.
-        assert!(C.refault_recent(100, 100, 5000, true));
-        assert!(!C.refault_recent(101, 100, 5000, true));
-        assert!(!C.refault_recent(0, 100, 5000, false));
-        assert!(P.refault_recent(15200, 14000, 2000, true));
-        assert!(!P.refault_recent(15201, 14000, 2000, true));
+        assert!(C.refault_recent(100, 100, 5000, 0, true));
+        assert!(!C.refault_recent(101, 100, 5000, 0, true));
+        assert!(!C.refault_recent(101, 100, 5000, 9000, true));
+        assert!(!C.refault_recent(0, 100, 5000, 0, false));
+        assert!(P.refault_recent(15200, 14000, 2000, 0, true));
+        assert!(!P.refault_recent(15201, 14000, 2000, 0, true));
+        // Short lists after an unmap: what they may grow into counts.
+        assert!(P.refault_recent(15200, 1000, 1000, 14000, true));
+        assert!(!P.refault_recent(15201, 1000, 1000, 14000, true));
         for x in [0u64, 1, 2, 3, 4, 15, 16, 17, 99, 100, 1 << 40, u64::MAX] {
             let r = int_sqrt(x);
             assert!(r * r <= x && (r + 1).checked_mul(r + 1).is_none_or(|y| y > x));

@@ -8,7 +8,8 @@
 //! that came between: had the lists been that much longer, the page would have
 //! stayed. The policy (`LruPolicy::refault_recent`) decides whether that fits
 //! (Classic: the active list, as Linux; Protected: what the protected list may
-//! hold); a recent refault is linked on the active list at once.
+//! hold, free pages included); a recent refault is linked on the active list
+//! at once.
 //!
 //! Events: `workingset_refault_anon` per swap-in that found a shadow,
 //! `workingset_activate_anon` for those activated, `workingset_restore_anon`
@@ -127,10 +128,11 @@ pub(crate) fn workingset_refault(mm: &Mm, shadow: Shadow, base: u8) -> u8 {
     let pa = mm.page_alloc();
     pa.count_vm_event(VmEvent::WorkingsetRefaultAnon, 1);
     let (active, inactive) = lru.nr_pages(mm, nid);
+    let free = mm.node_nr_free_pages(nid);
     let swap_free = mm.swap().nr_free_allocatable() > 0;
     if !lru
         .policy
-        .refault_recent(distance, active, inactive, swap_free)
+        .refault_recent(distance, active, inactive, free, swap_free)
     {
         return base;
     }
