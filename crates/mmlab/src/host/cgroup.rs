@@ -97,6 +97,36 @@ impl Cgroup {
         Ok(cg)
     }
 
+    /// Is this a v1 memory cgroup (`memory.limit_in_bytes`), else v2?
+    fn v1(&self) -> bool {
+        self.dir.join("memory.limit_in_bytes").exists()
+    }
+
+    /// Bytes charged to the cgroup now (v1 `memory.usage_in_bytes`, v2
+    /// `memory.current`).
+    pub fn usage(&self) -> Result<u64, String> {
+        let f = self.dir.join(if self.v1() {
+            "memory.usage_in_bytes"
+        } else {
+            "memory.current"
+        });
+        let s = fs::read_to_string(&f).map_err(|e| format!("reading {}: {e}", f.display()))?;
+        s.trim()
+            .parse()
+            .map_err(|e| format!("{}: {s:?}: {e}", f.display()))
+    }
+
+    /// Sets the memory limit to `limit` bytes (v1 `memory.limit_in_bytes`, v2
+    /// `memory.max`).
+    pub fn set_limit(&self, limit: u64) -> Result<(), String> {
+        let f = if self.v1() {
+            "memory.limit_in_bytes"
+        } else {
+            "memory.max"
+        };
+        write_file(&self.dir.join(f), &limit.to_string())
+    }
+
     /// Moves process `pid` into the cgroup.
     pub fn add(&self, pid: u32) -> Result<(), String> {
         write_file(&self.dir.join("cgroup.procs"), &pid.to_string())

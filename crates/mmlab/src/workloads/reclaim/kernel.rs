@@ -3,8 +3,14 @@
 //! to the trace's memory, swapping to a loop device over tmpfs
 //! (`host::swap::HostSwap`, cgroup v1 or v2), as pmbench's kernel peer does.
 //!
-//! Protocol (one line per message, `host::child`): parent -> child `start`
-//! (the child is in its cgroup); child -> parent `result <accesses> <failures>
+//! Protocol (one line per message, `host::child`): the child, once in its
+//! cgroup (limited loosely), sets itself up (the trace's generator or file
+//! reader, its buffers, the mappings) and says `ready`; the parent reads what
+//! the cgroup is charged now (the child's own heap and stack) and limits it to
+//! that plus the trace's memory, so that the trace gets all of its memory and
+//! the child's own needs do not push it over (a limit of the memory alone
+//! OOM-killed a child whose heap took part of it); parent -> child `start`;
+//! child -> parent `result <accesses> <failures>
 //! <corrupt> <elapsed_ns> <pswpin> <majflt> <pgscan_kswapd> <pgscan_direct>
 //! <pgsteal_kswapd> <pgsteal_direct> <resident>` (the reclaim counters over
 //! the whole measured span, `Outcome::span`), `series <acc>:<reads> ...`,
@@ -24,6 +30,9 @@ use std::time::Duration;
 /// The hidden subcommand that runs the child.
 pub const CHILD_COMMAND: &str = "reclaim-child";
 const LINE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The cgroup's room for the child's setup (generator tables, buffers)
+/// before its limit is set to what the setup took plus the trace's memory.
+const SETUP_SLACK: u64 = 64 << 20;
 
 /// The trace's pages in host memory: one anonymous mapping per segment.
 struct HostTarget {
@@ -158,15 +167,21 @@ pub fn child_main(deadline_ms: u64, spec: &[String]) -> anyhow::Result<()> {
     let spec = Spec::from_args(spec).ok_or_else(|| anyhow::anyhow!("bad trace spec {spec:?}"))?;
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line)?;
-    if line.trim() != "start" {
-        anyhow::bail!("reclaim-child: expected `start`");
+    if line.trim() != "setup" {
+        anyhow::bail!("reclaim-child: expected `setup`");
     }
     let mut src = spec.open()?;
     let shape = src.shape().clone();
     let mut t = HostTarget::new(shape.pages, shape.segment_pages)?;
+    let mut out = std::io::stdout().lock();
+    send_line(&mut out, "ready")?;
+    line.clear();
+    std::io::stdin().lock().read_line(&mut line)?;
+    if line.trim() != "start" {
+        anyhow::bail!("reclaim-child: expected `start`");
+    }
     let o = replay(src.as_mut(), &mut t)?;
     drop(t);
-    let mut out = std::io::stdout().lock();
     let c = &o.counts;
     send_line(
         &mut out,
@@ -242,7 +257,9 @@ pub fn run(spec: &Spec, memory: u64, swap: u64, limit: Duration) -> Result<Outco
         return Err(why);
     }
     let exe = child_exe()?;
-    let mut hs = HostSwap::create(swap, memory)?;
+    // Loose until the child is set up (`run`'s protocol): its own needs on
+    // top of the trace's memory.
+    let mut hs = HostSwap::create(swap, memory + SETUP_SLACK)?;
     let r = (|| {
         let mut args = vec![
             CHILD_COMMAND.to_string(),
@@ -250,7 +267,11 @@ pub fn run(spec: &Spec, memory: u64, swap: u64, limit: Duration) -> Result<Outco
         ];
         args.extend(spec.to_args());
         let mut c = ChildProc::spawn(&exe, &args, "reclaim kernel")?;
-        hs.cgroup.as_ref().ok_or("no cgroup")?.add(c.id())?;
+        let cg = hs.cgroup.as_ref().ok_or("no cgroup")?;
+        cg.add(c.id())?;
+        c.tell("setup")?;
+        c.expect("ready", LINE_TIMEOUT)?;
+        cg.set_limit(cg.usage()? + memory)?;
         c.tell("start")?;
         let res = c.expect("result", limit + LINE_TIMEOUT)?;
         let ser = c.expect("series", LINE_TIMEOUT)?;

@@ -281,6 +281,15 @@ fn swap_bytes(quick: bool) -> u64 {
     (b + b / 16 + (1 << 20)).div_ceil(4096) * 4096
 }
 
+/// The kernel peer's swap device: twice mmkit's. The host's swap is every
+/// process's: other tasks under pressure (another lab's kernel peer, whose
+/// device has the same top priority, so the kernel takes turns) may put
+/// pages on it, and with a device of the footprint alone the child's cgroup
+/// could find it full and be OOM-killed (seen with `shift`, the largest).
+fn kernel_swap_bytes(quick: bool) -> u64 {
+    2 * swap_bytes(quick)
+}
+
 /// The trace's pages in an mmkit `Space`, one mapping per segment.
 struct MmkitTarget<'a> {
     mm: &'a Mm,
@@ -515,6 +524,7 @@ impl Workload for Reclaim {
         p.insert("memory_bytes".into(), (sizes(quick).1 * 4096).into());
         p.insert("arena_bytes".into(), (arena(quick) as u64).into());
         p.insert("swap_bytes".into(), swap_bytes(quick).into());
+        p.insert("kernel_swap_bytes".into(), kernel_swap_bytes(quick).into());
         p.insert("write_pct".into(), trace::WRITE_PCT.into());
         p.insert("zipf_s".into(), trace::ZIPF_S.into());
         if let Some(t) = TRACE.get() {
@@ -548,7 +558,7 @@ impl Workload for Reclaim {
                 (None, "kernel") => {
                     let limit = Duration::from_secs(if quick { 60 } else { 600 });
                     let mem = spec.open().map_or(0, |s| s.shape().memory_pages) * 4096;
-                    kernel::run(&spec, mem, swap_bytes(quick), limit)
+                    kernel::run(&spec, mem, kernel_swap_bytes(quick), limit)
                 }
                 (None, n) => Err(format!("this build of mmkit has no preset {n}")),
             };
