@@ -141,6 +141,9 @@ vm_events! {
     /// Swap-ins with memory and swap full that exchanged with a resident
     /// page: it went out into the incoming page's slot (mmkit's own).
     SwapExchange = "swap_exchange",
+    /// Accesses that waited for their address space's turn under load
+    /// control (mmkit's own; Linux's swap token kept no such count).
+    LoadControlWait = "loadctl_wait",
     /// Swap-ins refused for a checksum mismatch (mmkit's own).
     SwapChecksumFail = "swap_checksum_fail",
     /// Swap reads and writes the device refused (mmkit's own).

@@ -20,6 +20,7 @@ use crate::compaction::{self, CompactConfig};
 use crate::kthread::Kthread;
 use crate::numa_balancing::{self, ScanParams, ScanPolicy, ScanTrigger};
 use crate::swapfile::SwapDevices;
+use crate::thrash::LoadControl;
 use crate::{
     arena, numa, platform, ClearPlan, ClearStrategy, Error, Mm, MmInner, PlanSource, StdPlatform,
     Topology,
@@ -62,6 +63,10 @@ pub enum Variant {
     /// `Mmkit` with Linux 6.18's classic anon LRU rules
     /// ([`LruPolicy::Classic`]) instead of the probation/protected lists.
     MmkitLruClassic,
+    /// `Mmkit` with working-set load control under thrashing
+    /// ([`LoadControl::WorkingSet`]): groups of spaces whose working sets fit
+    /// take turns (in the spirit of Linux's swap token, gone since 3.5).
+    MmkitLoadctl,
 }
 
 impl Variant {
@@ -89,6 +94,17 @@ impl Variant {
             Variant::MmkitNumab40 => "mmkit-numab-4.0",
             Variant::MmkitNumabOff => "mmkit-numab-off",
             Variant::MmkitLruClassic => "mmkit-lru-classic",
+            Variant::MmkitLoadctl => "mmkit-loadctl",
+        }
+    }
+    /// The load-control variants (`mmkit` is the `Off` one).
+    pub const LOADCTL: [Variant; 2] = [Variant::Mmkit, Variant::MmkitLoadctl];
+    /// Load control under thrashing: working-set load control for
+    /// `mmkit-loadctl`, off for the others (it has not won yet).
+    pub const fn load_control(self) -> LoadControl {
+        match self {
+            Variant::MmkitLoadctl => LoadControl::WorkingSet,
+            _ => LoadControl::Off,
         }
     }
     /// The eviction policy variants (`mmkit` is the `Protected` one).
@@ -115,6 +131,7 @@ impl Variant {
             .into_iter()
             .chain(Variant::NUMAB)
             .chain(Variant::LRU)
+            .chain(Variant::LOADCTL)
             .find(|v| v.name() == s)
     }
     /// The NUMA balancing scan policy, or None where balancing stays off.
@@ -170,7 +187,8 @@ impl Variant {
             | Variant::MmkitNumabLinux
             | Variant::MmkitNumab40
             | Variant::MmkitNumabOff
-            | Variant::MmkitLruClassic => (
+            | Variant::MmkitLruClassic
+            | Variant::MmkitLoadctl => (
                 PcpPolicy::On,
                 MergePolicy::Lazy,
                 RefillPolicy::Cluster,
@@ -223,6 +241,7 @@ pub struct MmBuilder {
     swap_ra: SwapReadahead,
     lru_sharded: bool,
     lru_policy: LruPolicy,
+    load_control: LoadControl,
     kswapd: bool,
     numab: (ScanPolicy, ScanParams, ScanTrigger),
 }
@@ -264,6 +283,7 @@ impl MmBuilder {
             swap_ra: SwapReadahead::Vma,
             lru_sharded: true,
             lru_policy: LruPolicy::Protected,
+            load_control: Variant::Mmkit.load_control(),
             kswapd: true,
             numab: (
                 ScanPolicy::Adaptive,
@@ -339,6 +359,14 @@ impl MmBuilder {
         self
     }
 
+    /// Load control when address spaces thrash (default [`LoadControl::Off`]:
+    /// every space runs; [`LoadControl::WorkingSet`]: groups of spaces whose
+    /// working sets fit take turns).
+    pub fn load_control(mut self, lc: LoadControl) -> Self {
+        self.load_control = lc;
+        self
+    }
+
     /// What a swap-in reads ahead (default [`SwapReadahead::Vma`], as Linux's;
     /// its window closes by itself under random access).
     pub fn swap_readahead(mut self, ra: SwapReadahead) -> Self {
@@ -373,6 +401,7 @@ impl MmBuilder {
         self.swap_free = v.swap_free_policy();
         self.lru_sharded = v.lru_sharded();
         self.lru_policy = v.lru_policy();
+        self.load_control = v.load_control();
         if let Some(p) = v.numa_balancing() {
             self.numab.0 = p;
         }
@@ -549,6 +578,10 @@ impl MmBuilder {
             kswapd: (0..if self.kswapd { nr_nodes } else { 0 })
                 .map(|_| Kthread::new())
                 .collect(),
+            thrash: crate::thrash::Thrash::new(
+                self.load_control,
+                nr_pages.saturating_sub(wmark_high.iter().sum()),
+            ),
             wmark_high,
             numab: numa_balancing::MmNumab {
                 policy: self.numab.0,

@@ -60,6 +60,7 @@ mod swap_state;
 mod swapfile;
 mod swapon;
 mod sync;
+mod thrash;
 mod topology;
 mod views;
 mod vmscan;
@@ -101,6 +102,7 @@ pub use swap_cluster::SwapAllocPolicy;
 pub use swap_state::{SwapCacheIndex, SwapReadahead};
 pub use swapfile::{SwapFreePolicy, SwapId, SwapInfo, SwapKind};
 pub use swapon::SwapDevice;
+pub use thrash::LoadControl;
 pub use topology::{NodeInfo, Topology, TopologyError};
 
 use compaction::CompactConfig;
@@ -148,6 +150,8 @@ struct MmInner {
     kswapd: Vec<Kthread<bool>>,
     /// Per node, the high watermark summed over its zones (kswapd's goal).
     wmark_high: Vec<u64>,
+    /// Load control under thrashing (`thrash.rs`).
+    thrash: thrash::Thrash,
     /// Automatic NUMA balancing: the scan policy and settings of every space,
     /// what triggers the scanner (`ScanTrigger`), and the counters of all spaces.
     numab: numa_balancing::MmNumab,
@@ -458,6 +462,10 @@ impl Mm {
     /// The anonymous LRU (`lru.rs`).
     pub(crate) fn lru(&self) -> &lru::Lru {
         &self.inner.lru
+    }
+
+    pub(crate) fn thrash(&self) -> &thrash::Thrash {
+        &self.inner.thrash
     }
 
     /// LRU lock statistics, summed over nodes (like [`Mm::zone_lock_stats`]).

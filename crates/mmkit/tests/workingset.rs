@@ -159,3 +159,81 @@ fn refault_within_distance_is_activated() {
         all_back(&mm, free0);
     }
 }
+
+/// Load control under thrashing: 8 threads (more than the cores), each over a
+/// space of its own whose working set is a quarter of the arena, write and
+/// read back their pages at random for 3 s (together twice the arena, so
+/// they thrash). With working-set load control the spaces take turns
+/// (accesses wait: `loadctl_wait`), and still every thread progresses within
+/// every 5 s window; without it nothing waits. Every read finds what its
+/// thread wrote last; everything is freed after.
+#[test]
+fn load_control_takes_turns_without_starving() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    for lc in [mmkit::LoadControl::WorkingSet, mmkit::LoadControl::Off] {
+        let mm = Mm::builder()
+            .memory(16 * MIB)
+            .fault_around(1)
+            .load_control(lc)
+            .build()
+            .unwrap();
+        mm.swapon(SwapDevice::ram(64 << 20)).unwrap();
+        mm.drain_all_pages();
+        let free0 = mm.nr_free_pages();
+        let pages = (4 * MIB) as u64 / PAGE;
+        let stop = Arc::new(AtomicBool::new(false));
+        let start = Instant::now();
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let (mm, stop) = (mm.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let s = mm.new_space().unwrap();
+                    let a = s.mmap((pages * PAGE) as usize, MapFlags::empty()).unwrap();
+                    let mut model = vec![0u64; pages as usize];
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t;
+                    let (mut last, mut max_gap) = (Instant::now(), Duration::ZERO);
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let p = x % pages;
+                        let addr = a + p * PAGE + 8;
+                        if x & 4 == 0 {
+                            n += 1;
+                            s.write(addr, &n.to_le_bytes()).unwrap();
+                            model[p as usize] = n;
+                        } else {
+                            let mut b = [0u8; 8];
+                            s.read(addr, &mut b).unwrap();
+                            assert_eq!(u64::from_le_bytes(b), model[p as usize], "page {p}");
+                        }
+                        let now = Instant::now();
+                        max_gap = max_gap.max(now - last);
+                        last = now;
+                    }
+                    max_gap
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, Ordering::Relaxed);
+        let gaps: Vec<Duration> = threads.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(start.elapsed() < Duration::from_secs(10));
+        for g in &gaps {
+            assert!(
+                *g < Duration::from_secs(5),
+                "{lc:?}: a thread stalled {g:?}"
+            );
+        }
+        let waits = ev(&mm, VmEvent::LoadControlWait);
+        match lc {
+            mmkit::LoadControl::WorkingSet => assert!(waits > 0, "never took turns"),
+            mmkit::LoadControl::Off => assert_eq!(waits, 0),
+        }
+        assert!(ev(&mm, VmEvent::PswpIn) > 0);
+        all_back(&mm, free0);
+    }
+}

@@ -7,8 +7,8 @@
 //! row; `mmlab list` and the error messages are made from the table.
 
 use mmkit::{
-    ClearStrategy, LruPolicy, MergePolicy, MmBuilder, PcpHighPolicy, PcpPolicy, RefillPolicy,
-    SwapAllocPolicy, SwapCacheIndex, SwapFreePolicy, SwapReadahead, Variant,
+    ClearStrategy, LoadControl, LruPolicy, MergePolicy, MmBuilder, PcpHighPolicy, PcpPolicy,
+    RefillPolicy, SwapAllocPolicy, SwapCacheIndex, SwapFreePolicy, SwapReadahead, Variant,
 };
 use serde_json::{Map, Value as Json};
 
@@ -86,6 +86,7 @@ const BASES: &[&str] = &[
     "mmkit-swap-2020",
     "mmkit-swap-6.18",
     "mmkit-lru-classic",
+    "mmkit-loadctl",
 ];
 
 /// Every settable key, in `mmlab list` order.
@@ -297,6 +298,17 @@ pub const KEYS: &[Key] = &[
         description: "anonymous LRU eviction: a probation FIFO feeding a protected clock with \
                       refault shadows (mmkit), or Linux 6.18's classic active/inactive rules",
         apply: |b, v| b.lru_policy(pick(v, "classic", LruPolicy::Classic, LruPolicy::Protected)),
+    },
+    Key {
+        name: "load_control",
+        group: "swap",
+        values: Values::Names(&["off", "working_set"]),
+        default: "off",
+        description: "when address spaces thrash: every space runs, or groups whose working \
+                      sets fit take turns (working-set load control)",
+        apply: |b, v| {
+            b.load_control(pick(v, "working_set", LoadControl::WorkingSet, LoadControl::Off))
+        },
     },
 ];
 

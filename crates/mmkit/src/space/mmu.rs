@@ -148,6 +148,7 @@ impl Space {
     pub fn touch(&self, addr: u64, write: bool) -> Result<(), Error> {
         not_in_page(addr)?;
         check_range(addr, 1)?;
+        self.inner.throttle();
         {
             let g = self.inner.read_lock();
             let vma = g
@@ -343,6 +344,7 @@ impl SpaceInner {
     ) -> Result<(), Error> {
         not_in_page(addr)?;
         let end = check_range(addr, len as u64)?;
+        self.throttle();
         let mut done = 0usize;
         let mut oom_retries = 0;
         'relock: loop {

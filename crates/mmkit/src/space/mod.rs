@@ -225,6 +225,8 @@ pub(crate) struct SpaceInner {
     /// The memory cgroup its pages are charged to (`None`: the root, never
     /// charged).
     memcg: Option<Arc<MemCgInner>>,
+    /// Load control's counters (`thrash.rs`).
+    load: crate::thrash::SpaceLoad,
 }
 
 impl Mm {
@@ -253,6 +255,7 @@ impl Mm {
             policies: mempolicy::Policies::default(),
             numab: Default::default(),
             memcg,
+            load: Default::default(),
         });
         if let Some(g) = &inner.memcg {
             g.space_added();
@@ -273,6 +276,11 @@ impl fmt::Debug for Space {
 }
 
 impl Space {
+    /// A weak reference to the space (load control's member list).
+    pub(crate) fn downgrade(&self) -> std::sync::Weak<SpaceInner> {
+        Arc::downgrade(&self.inner)
+    }
+
     pub(crate) fn from_inner(inner: Arc<SpaceInner>) -> Space {
         Space {
             inner,
@@ -322,6 +330,23 @@ impl Space {
 }
 
 impl SpaceInner {
+    /// Load control's counters of this space.
+    pub(crate) fn load(&self) -> &crate::thrash::SpaceLoad {
+        &self.load
+    }
+
+    /// 4 KiB frames mapped now.
+    pub(crate) fn rss_pages(&self) -> u64 {
+        self.stats.get(Stat::Rss)
+    }
+
+    /// Waits while load control holds this space back (`thrash.rs`); before
+    /// an access takes any lock.
+    #[inline]
+    fn throttle(&self) {
+        self.mm.thrash().throttle(&self.mm, &self.load);
+    }
+
     fn read_lock(&self) -> ShardedLockReadGuard<'_, VmaTree> {
         self.vmas.read().unwrap_or_else(|e| e.into_inner())
     }

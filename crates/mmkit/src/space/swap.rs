@@ -179,6 +179,7 @@ impl SpaceInner {
         self.swapin_mapped(vmf, &dev, entry, lock);
         mm.page_alloc().count_vm_event(VmEvent::PswpIn, 1);
         self.swapin_readahead(vmf, pt, dev, entry);
+        mm.thrash().note_major_fault(mm, self.id, self.load());
         Ok(())
     }
 

@@ -160,6 +160,11 @@ const VARIANTS: &[VariantInfo] = &[
         description: "mmkit, default policies: swap table and per-CPU clusters, RAM swap device",
     },
     VariantInfo {
+        name: "mmkit-loadctl",
+        description: "mmkit with working-set load control: groups of threads whose working \
+                      sets fit take turns while the sets together thrash",
+    },
+    VariantInfo {
         name: "mmkit-swap-2019",
         description: "mmkit with Linux's swap before the per-CPU swap-slot cursors: one shared \
                       scan cursor, swap cache in 64 MiB trunks",
