@@ -6,7 +6,18 @@
 //!   write scan of 1.25x memory never reused; device reads during the hot
 //!   touches per hot page per round (median of the rounds after 2 warm-up).
 //!
-//! `cargo run --release -p mmkit --example wset_probe [zipf|scan] [scale]`
+//! - shift: the lab's hot-1/hot-2/cold case (hot sets of 3/4 memory, 4x
+//!   memory cold, written once; then uniform accesses to hot-1, then as many
+//!   to hot-2), counters per phase (`WIN=1`: per half-memory window).
+//!
+//! The scan case as the lab runs it (`mmlab run reclaim`), by environment:
+//! `LAB=1` builds as the lab does (the `mmkit` variant, prefaulted),
+//! `FILL=1` writes the hot set first, `SHUF=1` touches it in a fresh random
+//! order per pass with 20% writes, `DISCARD=1` scans a mapping of its own
+//! that is unmapped and mapped again after each round (the lab's segment
+//! drop; the other knobs change nothing measurable).
+//!
+//! `cargo run --release -p mmkit --example wset_probe [zipf|scan|shift] [scale]`
 //! (scale divides the access counts, default 1).
 
 use mmkit::{LruPolicy, MapFlags, Mm, SwapDevice, VmEvent, PAGE_SIZE};

@@ -509,3 +509,58 @@ fn a_pinned_device_outlives_swapoff() {
         Err(SwapError::Map(MapError::NotInUse(slot)))
     );
 }
+
+/// Evicted pages leave shadows in their slots; freeing the slots (the
+/// mapping dropped) clears them, so a later owner of a slot reads none.
+#[test]
+fn freed_slot_keeps_no_shadow() {
+    for kind in [SwapCacheIndex::Trunks, SwapCacheIndex::Table] {
+        let mm = crate::Mm::builder()
+            .memory(8 << 20)
+            .fault_around(1)
+            .kswapd(false)
+            .swap_cache(kind)
+            .build()
+            .unwrap();
+        mm.swapon(crate::SwapDevice::ram(8 << 20)).unwrap();
+        let s = mm.new_space().unwrap();
+        let n = 256u64;
+        let a = s
+            .mmap((n * 4096) as usize, crate::MapFlags::empty())
+            .unwrap();
+        for i in 0..n {
+            s.write(a + i * 4096, &[i as u8 | 1]).unwrap();
+        }
+        assert_eq!(mm.reclaim(64), 64);
+        let dev = mm.swap().get(SwapEntry::new(0, 0).unwrap()).unwrap();
+        let nr = dev.map.nr_slots();
+        let shadows = || {
+            (0..nr)
+                .filter(|&x| dev.cache.swap_shadow(x).is_some())
+                .count()
+        };
+        assert_eq!(shadows(), 64, "{kind:?}");
+        // Half of them back (a page replaces its shadow), the other half
+        // dropped with the mapping, shadows still in their slots.
+        let gone: Vec<u64> = (0..n)
+            .filter(|&i| s.translate(a + i * 4096).is_none())
+            .collect();
+        assert_eq!(gone.len(), 64);
+        for &i in gone.iter().step_by(2) {
+            let mut b = [0u8];
+            s.read(a + i * 4096, &mut b).unwrap();
+            assert_eq!(b[0], i as u8 | 1);
+        }
+        assert_eq!(shadows(), 32, "{kind:?}");
+        s.munmap(a, (n * 4096) as usize).unwrap();
+        mm.wait_reclaim_idle();
+        assert_eq!(dev.map.inuse(), 0);
+        assert_eq!(shadows(), 0, "{kind:?}: a freed slot kept its shadow");
+        if let Some(left) = dev.cache.nr_trunk_entries() {
+            assert_eq!(left, 0, "trunk entries left");
+        }
+        drop(dev);
+        drop(s);
+        mm.check().unwrap();
+    }
+}
