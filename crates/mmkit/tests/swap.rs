@@ -197,14 +197,17 @@ fn never_read_back_stale() {
 }
 
 /// mmkit's policy: the fault is a page's insertion, not a reuse. Pages used
-/// again after their fault are activated at their first inactive-tail visit;
-/// pages used only once are the ones reclaimed.
+/// again after their fault are kept at their first inactive-tail visit (looked
+/// at once, marked) and activated when seen used again at the next; pages
+/// used only once are the ones reclaimed. (One list per node: the tail is
+/// the oldest page of all, so one pass over the list looks at each once.)
 #[test]
 fn reused_pages_are_activated_used_once_reclaimed() {
     let mm = Mm::builder()
         .memory(16 * MIB)
         .kswapd(false)
         .fault_around(1)
+        .lru_sharded(false)
         .build()
         .unwrap();
     mm.swapon(SwapDevice::ram(8 << 20)).unwrap();
@@ -212,16 +215,26 @@ fn reused_pages_are_activated_used_once_reclaimed() {
     let n = 1024;
     let a = s.mmap(n as usize * PAGE_SIZE, MapFlags::empty()).unwrap();
     fill(&s, a, n, 3);
-    for i in (0..n).step_by(2) {
-        s.touch(a + i * PAGE, false).unwrap();
+    let touch_even = || {
+        for i in (0..n).step_by(2) {
+            s.touch(a + i * PAGE, false).unwrap();
+        }
+    };
+    touch_even();
+    // Every page looked at once: the used-once half goes, the reused half is
+    // kept and marked, none activated yet.
+    assert_eq!(mm.reclaim(n / 2), n / 2);
+    for i in 0..n {
+        assert_eq!(s.translate(a + i * PAGE).is_some(), i % 2 == 0, "page {i}");
     }
-    assert_eq!(mm.reclaim(n / 4), n / 4);
-    for i in (0..n).step_by(2) {
-        assert!(s.translate(a + i * PAGE).is_some(), "reused page {i} kept");
-    }
+    assert_eq!(ev(&mm, VmEvent::PgActivate), 0);
+    assert_eq!(ev(&mm, VmEvent::PgStealDirect), n / 2);
+    // Used again: seen young at the second visit in a row, activated.
+    touch_even();
+    assert_eq!(mm.reclaim(32), 32);
     let act = ev(&mm, VmEvent::PgActivate);
     assert!(act > 0 && act <= n / 2, "{act}");
-    assert_eq!(ev(&mm, VmEvent::PgStealDirect), n / 4);
+    assert_eq!(ev(&mm, VmEvent::PgStealDirect), n / 2 + 32);
     verify(&s, a, n, 3);
     mm.check().unwrap();
 }
