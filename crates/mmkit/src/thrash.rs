@@ -48,8 +48,9 @@ pub enum LoadControl {
 
 /// How often the members are looked at.
 const WINDOW: Duration = Duration::from_millis(100);
-/// Every group runs once within this (so every space progresses within it).
-const CYCLE: Duration = Duration::from_secs(4);
+/// Every group runs once within this (so every space progresses within it,
+/// give or take a window and the turn of the group that was running).
+const CYCLE: Duration = Duration::from_secs(3);
 /// Bounds of one group's turn.
 const QUANTUM_MIN: Duration = Duration::from_millis(200);
 const QUANTUM_MAX: Duration = Duration::from_secs(1);
@@ -76,13 +77,13 @@ struct Member {
     /// Estimated working set, pages (as of its last window running).
     wss: u64,
     last_seen: Instant,
+    /// When its last turn began (or it joined).
+    last_turn: Instant,
 }
 
 #[derive(Default)]
 struct State {
     members: Vec<Member>,
-    /// The first member of the group admitted now.
-    cursor: usize,
     /// Members in the group admitted now.
     group: usize,
     quantum_end: Option<Instant>,
@@ -149,6 +150,7 @@ impl Thrash {
                     majflt0: 0,
                     wss: 0,
                     last_seen: Instant::now(),
+                    last_turn: Instant::now(),
                 });
             }
         }
@@ -269,7 +271,6 @@ impl Thrash {
         if !engaged {
             if st.members.len() >= 2 && want > self.memory_pages && fits_one && thrashing {
                 self.engaged.store(true, Ordering::Relaxed);
-                st.cursor = 0;
                 st.group = 0;
                 self.rotate(st, now);
             }
@@ -286,30 +287,28 @@ impl Thrash {
         }
     }
 
-    /// The next group: the members after the current group, in turn, while
-    /// their sets fit (at least one); a new epoch admits it.
+    /// The next group: from the member that has waited longest for its turn
+    /// (members come and go, so a cursor alone could pass one over), the
+    /// members after it in turn while their sets fit (at least one); a new
+    /// epoch admits it.
     fn rotate(&self, st: &mut State, now: Instant) {
         let n = st.members.len();
-        let start = if n == 0 {
-            0
-        } else {
-            (st.cursor + st.group) % n
-        };
+        let start = (0..n).min_by_key(|&i| st.members[i].last_turn).unwrap_or(0);
         let epoch = self.epoch.fetch_add(1, Ordering::Relaxed) + 1;
         let mut sum = 0;
         let mut group = 0;
         for k in 0..n {
-            let m = &st.members[(start + k) % n];
+            let m = &mut st.members[(start + k) % n];
             if group > 0 && sum + m.wss > self.memory_pages {
                 break;
             }
             sum += m.wss;
             group += 1;
+            m.last_turn = now;
             if let Some(s) = m.space.upgrade() {
                 s.load().admitted.store(epoch, Ordering::Relaxed);
             }
         }
-        st.cursor = start;
         st.group = group;
         let groups = n.div_ceil(group.max(1)).max(1) as u32;
         let quantum = (CYCLE / groups).clamp(QUANTUM_MIN, QUANTUM_MAX);

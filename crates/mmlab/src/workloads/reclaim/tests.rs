@@ -212,7 +212,15 @@ fn cases_replay_on_mmkit_with_swap() {
         assert_eq!(o.corrupt, 0, "{case:?}");
         assert_eq!(o.failures, 0, "{case:?}");
         assert!(o.accesses > 0);
-        assert!(o.counts.reads > 0, "{case:?}: nothing read back from swap");
+        if case == Case::Scan {
+            // The hot set stays (nothing of it read back): the scan went out.
+            assert!(
+                o.span.pgsteal_kswapd + o.span.pgsteal_direct > 0,
+                "{case:?}: no reclaim"
+            );
+        } else {
+            assert!(o.counts.reads > 0, "{case:?}: nothing read back from swap");
+        }
         assert!(
             o.resident > 0 && o.resident <= m,
             "{case:?}: {}",
