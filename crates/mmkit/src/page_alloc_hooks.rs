@@ -84,10 +84,22 @@ impl SlowPathHooks for AllocHooks<'_> {
     }
 }
 
+impl AllocHooks<'_> {
+    /// Frees a captured block the allocation did not use.
+    #[cold]
+    #[inline(never)]
+    fn release_captured(&self, p: Pfn, o: u32) {
+        let _ = self.mm.free_pages(p, o);
+    }
+}
+
 impl Drop for AllocHooks<'_> {
+    // Inline, the release out of line: every allocation drops its hooks, and
+    // only one that compacted has captured a block.
+    #[inline(always)]
     fn drop(&mut self) {
         if let Some((p, o)) = self.captured.take() {
-            let _ = self.mm.free_pages(p, o);
+            self.release_captured(p, o);
         }
     }
 }

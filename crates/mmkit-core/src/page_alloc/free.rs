@@ -27,29 +27,41 @@ impl<P: Platform> PageAlloc<P> {
     /// Frees a block allocated with `order` by a caller of `alloc_pages`
     /// ([`Claim::User`]: a block of the layer above is refused). Refuses bad
     /// input without changing anything.
-    #[inline]
+    #[inline(always)]
     pub fn free_pages(&self, pfn: Pfn, order: u32) -> Result<(), FreeError> {
-        self.free_pages_claim(pfn, order, Claim::User)
+        self.free_pages_as(pfn, order, Claim::User)
     }
 
     /// Frees a block as `who`: the layer above frees its own blocks (allocated
     /// with [`Self::alloc_owned_pages`]) with [`Claim::Owner`].
     #[inline]
     pub fn free_pages_claim(&self, pfn: Pfn, order: u32, who: Claim) -> Result<(), FreeError> {
+        self.free_pages_as(pfn, order, who)
+    }
+
+    /// The free proper: inlined whole into the callers (the claim and the
+    /// cache push are the order-0 fast path; the rest is out of line).
+    #[inline(always)]
+    fn free_pages_as(&self, pfn: Pfn, order: u32, who: Claim) -> Result<(), FreeError> {
         match self.claim_for_free(pfn, order, who) {
             Ok(mt) => {
                 self.free_claimed(pfn.get() as u32, order, mt);
                 Ok(())
             }
-            Err(e) => {
-                self.events[self.cpu()].inc(VmEvent::FreeInvalid);
-                Err(e)
-            }
+            Err(e) => Err(self.free_invalid(e)),
         }
     }
 
+    /// Counts a refused free.
+    #[cold]
+    #[inline(never)]
+    fn free_invalid(&self, e: FreeError) -> FreeError {
+        self.events[self.cpu()].inc(VmEvent::FreeInvalid);
+        e
+    }
+
     /// Validates a free and takes ownership of the block; returns its migratetype.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn claim_for_free(
         &self,
         pfn: Pfn,

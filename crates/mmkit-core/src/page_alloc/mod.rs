@@ -437,13 +437,35 @@ impl<P: Platform> PageAlloc<P> {
         hooks: &impl SlowPathHooks,
         pg: u32,
     ) -> Result<Pfn, AllocError> {
-        self.alloc_pages_ac(&AllocContext::new(gfp), order, hooks, pg)
+        if order == 0 && self.zones.len() == 1 {
+            // One node: its zone is the whole zonelist and every nodemask allows
+            // it, so the cache hit needs no allocation context (and counts no
+            // NUMA statistics, derived on read with one node).
+            let mt = gfp.migratetype() as usize;
+            if let Some(idx) = self.cache_pop_first_zone(mt) {
+                return Ok(self.prep_new_page(idx, 0, mt, pg));
+            }
+            return self.alloc_pages_ac::<false>(&AllocContext::new(gfp), order, hooks, pg);
+        }
+        self.alloc_pages_ac::<true>(&AllocContext::new(gfp), order, hooks, pg)
+    }
+
+    /// An order-0 page of `mt` from the first zone's cache on this CPU, if the
+    /// zone is above its low mark (as `alloc_pages_ac` checks it).
+    #[inline(always)]
+    fn cache_pop_first_zone(&self, mt: usize) -> Option<u32> {
+        let c = self.caches.as_ref()?;
+        if mt >= MIGRATE_PCPTYPES || !self.zones[0].watermark_ok(0, ALLOC_WMARK_LOW) {
+            return None;
+        }
+        c.pop::<P>(0, mt)
     }
 
     /// The allocation proper (Linux's `__alloc_pages`): the fast path along the
     /// zonelist of `ac`'s preferred node (within its nodemask), then the slow path.
+    /// `TRY_CACHE`: false when the caller has just missed the cache.
     #[inline(always)]
-    fn alloc_pages_ac(
+    fn alloc_pages_ac<const TRY_CACHE: bool>(
         &self,
         ac: &AllocContext,
         order: u32,
@@ -453,7 +475,7 @@ impl<P: Platform> PageAlloc<P> {
         if order > MAX_ORDER {
             return Err(AllocError::InvalidOrder);
         }
-        if order == 0 && ac.mt < MIGRATE_PCPTYPES {
+        if TRY_CACHE && order == 0 && ac.mt < MIGRATE_PCPTYPES {
             if let Some(c) = &self.caches {
                 // The first zone above its mark serves the request: on a cache
                 // miss its per-CPU list and buddy lists are next, before any

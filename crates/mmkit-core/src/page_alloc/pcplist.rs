@@ -352,16 +352,28 @@ impl<P: Platform> PageAlloc<P> {
         got
     }
 
-    #[inline]
+    /// Frees a claimed block: an order-0 page of a per-CPU migratetype onto its
+    /// CPU's cache (caches exist only in front of per-CPU lists), anything else
+    /// or a full cache out of line.
+    #[inline(always)]
     pub(super) fn free_claimed(&self, idx: u32, order: u32, mt: usize) {
-        let z = self.zone_of(idx);
-        if !self.pcp.is_empty() && order <= PCP_MAX_ORDER && mt < MIGRATE_PCPTYPES {
-            let cached = order == 0 && self.caches.is_some();
-            if let Some(c) = self.caches.as_ref().filter(|_| cached) {
-                if c.push::<P>(z, mt, idx) {
+        if order == 0 && mt < MIGRATE_PCPTYPES {
+            if let Some(c) = &self.caches {
+                if c.push::<P>(self.zone_of(idx), mt, idx) {
                     return;
                 }
             }
+        }
+        self.free_claimed_slow(idx, order, mt)
+    }
+
+    /// `free_claimed` past the cache: the per-CPU list (spilling a full cache
+    /// first), or the zone.
+    #[inline(never)]
+    pub(super) fn free_claimed_slow(&self, idx: u32, order: u32, mt: usize) {
+        let z = self.zone_of(idx);
+        let cached = order == 0 && mt < MIGRATE_PCPTYPES && self.caches.is_some();
+        if !self.pcp.is_empty() && order <= PCP_MAX_ORDER && mt < MIGRATE_PCPTYPES {
             if let Some(mut g) = self.pcp_trylock(z) {
                 // The cache's pages go first: they were freed before this one, and
                 // the list keeps free order so that its drains see runs in order.
