@@ -437,7 +437,8 @@ impl<P: Platform> PageAlloc<P> {
         hooks: &impl SlowPathHooks,
         pg: u32,
     ) -> Result<Pfn, AllocError> {
-        if order == 0 && self.zones.len() == 1 {
+        let one_zone = order == 0 && self.zones.len() == 1;
+        if one_zone {
             // One node: its zone is the whole zonelist and every nodemask allows
             // it, so the cache hit needs no allocation context (and counts no
             // NUMA statistics, derived on read with one node).
@@ -445,9 +446,8 @@ impl<P: Platform> PageAlloc<P> {
             if let Some(idx) = self.cache_pop_first_zone(mt) {
                 return Ok(self.prep_new_page(idx, 0, mt, pg));
             }
-            return self.alloc_pages_ac::<false>(&AllocContext::new(gfp), order, hooks, pg);
         }
-        self.alloc_pages_ac::<true>(&AllocContext::new(gfp), order, hooks, pg)
+        self.alloc_pages_ac(&AllocContext::new(gfp), order, hooks, pg, !one_zone)
     }
 
     /// An order-0 page of `mt` from the first zone's cache on this CPU, if the
@@ -463,19 +463,20 @@ impl<P: Platform> PageAlloc<P> {
 
     /// The allocation proper (Linux's `__alloc_pages`): the fast path along the
     /// zonelist of `ac`'s preferred node (within its nodemask), then the slow path.
-    /// `TRY_CACHE`: false when the caller has just missed the cache.
+    /// `try_cache`: false when the caller has just missed the cache.
     #[inline(always)]
-    fn alloc_pages_ac<const TRY_CACHE: bool>(
+    fn alloc_pages_ac(
         &self,
         ac: &AllocContext,
         order: u32,
         hooks: &impl SlowPathHooks,
         pg: u32,
+        try_cache: bool,
     ) -> Result<Pfn, AllocError> {
         if order > MAX_ORDER {
             return Err(AllocError::InvalidOrder);
         }
-        if TRY_CACHE && order == 0 && ac.mt < MIGRATE_PCPTYPES {
+        if try_cache && order == 0 && ac.mt < MIGRATE_PCPTYPES {
             if let Some(c) = &self.caches {
                 // The first zone above its mark serves the request: on a cache
                 // miss its per-CPU list and buddy lists are next, before any

@@ -259,7 +259,7 @@ impl<P: Platform> PageAlloc<P> {
         hooks: &impl SlowPathHooks,
     ) -> Result<Pfn, AllocError> {
         let ac = self.node_context(gfp, &req)?;
-        self.alloc_pages_ac::<true>(&ac, order, hooks, 0)
+        self.alloc_pages_ac(&ac, order, hooks, 0, true)
     }
 
     /// `alloc_pages_nodemask` for the layer above's own use (`PG_OWNED`, see
@@ -273,7 +273,7 @@ impl<P: Platform> PageAlloc<P> {
         hooks: &impl SlowPathHooks,
     ) -> Result<Pfn, AllocError> {
         let ac = self.node_context(gfp, &req)?;
-        self.alloc_pages_ac::<true>(&ac, order, hooks, PG_OWNED)
+        self.alloc_pages_ac(&ac, order, hooks, PG_OWNED, true)
     }
 
     /// `alloc_owned_pages_bulk` on nodes (fast path only, see

@@ -392,7 +392,7 @@ impl<P: Platform> PageAlloc<P> {
         zg.events[VmEvent::PgFree as usize] += 1;
     }
 
-    #[inline]
+    #[inline(always)]
     pub(super) fn free_unref_page_commit(
         &self,
         z: usize,
