@@ -543,6 +543,10 @@ pub fn clean_leftovers() -> Vec<String> {
     done
 }
 
+/// Why a kernel peer that needs host swap did not run (`opted_in` false).
+pub const NOT_OPTED_IN: &str = "at quick sizes (--quick, or scaled down to fit the memory \
+     budget) it would turn swap on for the whole host for a short run (set MMLAB_HOST_SWAP=1 to run it)";
+
 /// Whether host-changing swap runs outside a full lab run were asked for
 /// (`MMLAB_HOST_SWAP=1`): the quick run (CI) and the tests that set up a swap
 /// device on the host run only then. A swap device on the host is shared with

@@ -567,11 +567,9 @@ impl Workload for Memcg {
         for case in Case::ALL {
             let r = match (peer.mm(), name) {
                 (Some(mm), _) => mmkit::run_custom(mm, case, &sizes, threads, &plan),
-                (None, "kernel") if timing.quick && !crate::host::swap::opted_in() => Err(
-                    "not under --quick: it turns swap on for the whole host (set \
-                     MMLAB_HOST_SWAP=1 to run it)"
-                        .to_string(),
-                ),
+                (None, "kernel") if timing.quick && !crate::host::swap::opted_in() => {
+                    Err(crate::host::swap::NOT_OPTED_IN.to_string())
+                }
                 (None, "kernel") => kernel::run_point(case, &sizes, threads, &plan),
                 (None, n) => match mmkit::Setup::from_variant(n) {
                     Some(setup) => mmkit::run_point(setup, case, &sizes, threads, &plan),

@@ -787,16 +787,14 @@ impl Workload for Pmbench {
                     || Some(SwapLocks::of(mm)),
                 )
             }),
-            (None, "kernel") if timing.quick && !crate::host::swap::opted_in() => Err(
-                "not under --quick: it turns swap on for the whole host (set MMLAB_HOST_SWAP=1 to run it)"
-                    .to_string(),
-            ),
+            (None, "kernel") if timing.quick && !crate::host::swap::opted_in() => {
+                Err(crate::host::swap::NOT_OPTED_IN.to_string())
+            }
             (None, "kernel") => kernel::run_point(threads, a, &plan),
             (None, "mmkit-nbd") => Err(nbd::nbdkit_unavailable().unwrap_or_default()),
-            (None, "kernel-nbd") if timing.quick && !crate::host::swap::opted_in() => Err(
-                "not under --quick: it turns swap on for the whole host (set MMLAB_HOST_SWAP=1 to run it)"
-                    .to_string(),
-            ),
+            (None, "kernel-nbd") if timing.quick && !crate::host::swap::opted_in() => {
+                Err(crate::host::swap::NOT_OPTED_IN.to_string())
+            }
             (None, "kernel-nbd") => kernel::run_point_nbd(threads, a, &plan),
             (None, _) => Err(format!("unknown variant {name}")),
         };

@@ -550,11 +550,9 @@ impl Workload for Reclaim {
                     Ok(o)
                 }),
                 (None, "lru-exact") => run_lru(&case, &spec),
-                (None, "kernel") if quick && !crate::host::swap::opted_in() => Err(
-                    "not under --quick: it turns swap on for the whole host (set \
-                     MMLAB_HOST_SWAP=1 to run it)"
-                        .to_string(),
-                ),
+                (None, "kernel") if quick && !crate::host::swap::opted_in() => {
+                    Err(crate::host::swap::NOT_OPTED_IN.to_string())
+                }
                 (None, "kernel") => {
                     let limit = Duration::from_secs(if quick { 60 } else { 600 });
                     let mem = spec.open().map_or(0, |s| s.shape().memory_pages) * 4096;
