@@ -56,6 +56,7 @@ mod rseq;
 mod space;
 mod swap_cluster;
 mod swap_device;
+mod swap_exchange;
 mod swap_state;
 mod swapfile;
 mod swapon;

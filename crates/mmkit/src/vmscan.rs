@@ -1,8 +1,8 @@
 //! Reclaim (Linux's `mm/vmscan.c` for anonymous pages): aging the LRU lists
 //! (`age_active` -> `shrink_active_list`), swapping out cold pages
 //! (`shrink_inactive_list` -> `shrink_page_list`), the node-level loop
-//! (`shrink_node`) that kswapd and direct reclaim share, `Mm::reclaim`, and
-//! the victim of a swap-in exchange at exhaustion (`exchange_victim`). What a
+//! (`shrink_node`) that kswapd and direct reclaim share, and `Mm::reclaim`
+//! (the victim of a swap-in exchange is `swap_exchange.rs`'s). What a
 //! page's accessed bit means is the LRU policy's (`mmkit_core::lru_policy`:
 //! mmkit's probation/protected clock, or Linux 6.18's classic rules); an
 //! eviction leaves a shadow in the slot (`workingset.rs`).
@@ -109,27 +109,41 @@ impl Mm {
     /// Reclaims up to `pages` pages now (swapping out cold anonymous pages) and
     /// returns how many were freed. 0 without a swap device with free slots.
     pub fn reclaim(&self, pages: u64) -> u64 {
-        let mut done = 0;
-        while done < pages {
-            let mut round = 0;
-            for nid in 0..self.nr_nodes() {
-                // A batch may free more than it was asked for (a huge page
-                // split into 512 is swapped out whole): never below zero.
-                let want = pages
-                    .saturating_sub(done + round)
-                    .min(SWAP_CLUSTER_MAX as u64);
-                if want == 0 {
-                    break;
-                }
-                round += shrink_node(self, nid, want as usize, Reclaimer::Direct);
-            }
-            if round == 0 {
+        reclaim_rounds(self, pages, 0, |nid, want| {
+            shrink_node(self, nid, want, Reclaimer::Direct)
+        })
+    }
+}
+
+/// Reclaim in the calling thread toward `goal` pages, `done` of them freed
+/// already: rounds over every node, a batch of at most [`SWAP_CLUSTER_MAX`]
+/// each (`shrink(nid, want)`), until the goal is met or a round frees nothing.
+/// Returns the pages freed in all (`done` included).
+pub(crate) fn reclaim_rounds(
+    mm: &Mm,
+    goal: u64,
+    mut done: u64,
+    mut shrink: impl FnMut(usize, usize) -> u64,
+) -> u64 {
+    while done < goal {
+        let mut round = 0;
+        for nid in 0..mm.nr_nodes() {
+            // A batch may free more than it was asked for (a huge page
+            // split into 512 is swapped out whole): never below zero.
+            let want = goal
+                .saturating_sub(done + round)
+                .min(SWAP_CLUSTER_MAX as u64);
+            if want == 0 {
                 break;
             }
-            done += round;
+            round += shrink(nid, want as usize);
         }
-        done
+        if round == 0 {
+            break;
+        }
+        done += round;
     }
+    done
 }
 
 /// Batches of 32 one direct reclaim runs at most: until free memory is above
@@ -389,7 +403,7 @@ fn shrink_active_list(mm: &Mm, t: Target<'_>, nid: usize, n: usize, force: bool)
 
 /// Drops the isolation references of pages of node `nid` (the last one frees a
 /// page unmapped meanwhile) and ends their isolation.
-fn put_isolated(mm: &Mm, nid: usize, pages: &[Pfn]) {
+pub(crate) fn put_isolated(mm: &Mm, nid: usize, pages: &[Pfn]) {
     // A huge page's head is a block of order 9 unless it was split: only its
     // isolator splits it, so the order recorded now is the block's.
     let blocks: Vec<(Pfn, u32)> = pages.iter().map(|&p| (p, desc(mm, p).order())).collect();
@@ -729,7 +743,7 @@ fn pageout(mm: &Mm, pins: &mut SwapPins, victims: &[Victim<'_>]) -> Vec<bool> {
 /// for an anonymous page in the swap cache): the PTE gets the swap entry of
 /// the pinned `dev`, whose slot gains the PTE's reference. False (nothing
 /// changed) when the PTE changed or the slot's count is full.
-fn try_to_unmap_swap(
+pub(crate) fn try_to_unmap_swap(
     mm: &Mm,
     m: &RmapOne<'_>,
     lock: &PageGuard<'_>,
@@ -757,82 +771,4 @@ fn try_to_unmap_swap(
             false
         }
     }
-}
-
-/// Candidates `exchange_victim` looks at before it gives up.
-const EXCHANGE_TRIES: usize = 16;
-
-/// The victim of a swap-in exchange (`do_swap_page` when memory and swap are
-/// both full, `space/swap.rs`): a resident order-0 page, cold first (the
-/// inactive tails, then the active ones), taken off the LRU, locked, its
-/// content written into `entry`'s slot (which the caller owns: its cache
-/// reference is claimed and only the caller's PTE references it) and its
-/// mapping replaced by `entry`. Its frame, still holding its mapping's
-/// reference and an isolation reference, is the caller's to reuse; with it,
-/// the node to end the isolation on and the victim's LRU state (for its
-/// shadow). A candidate that cannot go (busy, pinned, in the swap cache, a
-/// huge page, a failed write or unmap) goes back; after a failed write or
-/// unmap the slot gets `restore` back (the caller's content). `None`: no
-/// resident page could go out.
-pub(crate) fn exchange_victim<'a>(
-    mm: &'a Mm,
-    dev: &SwapInfoStruct,
-    entry: SwapEntry,
-    restore: &[u8],
-) -> Option<(PageGuard<'a>, usize, u8)> {
-    let lru = mm.lru();
-    let mut rwc = RmapWalkControl::default();
-    let mut tries = 0;
-    let groups = mm.memcg().all();
-    let vecs = std::iter::once(lru.root()).chain(groups.iter().map(|g| &g.lruvec));
-    for (list, vec) in [LruList::Inactive, LruList::Active]
-        .into_iter()
-        .flat_map(|l| vecs.clone().map(move |v| (l, v)))
-    {
-        for nid in 0..mm.nr_nodes() {
-            while tries < EXCHANGE_TRIES {
-                let mut got = Vec::with_capacity(1);
-                lru.isolate(mm, vec, nid, list, 1, &mut got);
-                let Some(&p) = got.first() else { break };
-                tries += 1;
-                let lock = (desc(mm, p).order() == 0)
-                    .then(|| mm.trylock_page(p))
-                    .flatten()
-                    .filter(|l| {
-                        desc(mm, p).refcount().load(Ordering::Acquire) == 2
-                            && mm.swapcache_entry(l).is_none()
-                    });
-                let Some(lock) = lock else {
-                    lru.putback(mm, &[(p, list)]);
-                    put_isolated(mm, nid, &got);
-                    continue;
-                };
-                // Held by its isolation reference and locked by us.
-                let unmapped = dev.swap_writepage(entry, lock.bytes()).is_ok()
-                    && rmap_walk(mm, &lock, &mut rwc, |m| {
-                        try_to_unmap_swap(mm, m, &lock, dev, entry)
-                    })
-                    .unwrap_or(false);
-                if unmapped {
-                    rmap::clear(mm, p);
-                    // The slot's swap charge becomes the victim's group's,
-                    // and its memory charge goes with its mapping, while
-                    // `groups` holds that group.
-                    crate::memcontrol::move_swap_charge(mm, dev, entry, p);
-                    crate::memcontrol::uncharge_batch(mm, &[(p, 0)]);
-                    desc(mm, p).clear_flag(PG_DIRTY);
-                    mm.page_alloc().count_vm_event(VmEvent::PswpOut, 1);
-                    return Some((lock, nid, lru.state(p)));
-                }
-                // The slot may hold the victim's bytes now: the caller's back.
-                if dev.swap_writepage(entry, restore).is_err() {
-                    mm.page_alloc().count_vm_event(VmEvent::SwapIoError, 1);
-                }
-                drop(lock);
-                lru.putback(mm, &[(p, list)]);
-                put_isolated(mm, nid, &got);
-            }
-        }
-    }
-    None
 }

@@ -174,29 +174,9 @@ pub(crate) fn try_to_free_mem_cgroup_pages(mm: &Mm, target: &MemCgInner, nr: u64
         if force {
             lru.drain_all(mm);
         }
-        loop {
-            let mut round = 0;
-            for nid in 0..mm.nr_nodes() {
-                let want = goal
-                    .saturating_sub(done + round)
-                    .min(SWAP_CLUSTER_MAX as u64);
-                if want == 0 {
-                    break;
-                }
-                round += shrink_node_memcgs(
-                    mm,
-                    nid,
-                    want as usize,
-                    Reclaimer::Direct,
-                    Some(target),
-                    force,
-                );
-            }
-            done += round;
-            if round == 0 || done >= goal {
-                break;
-            }
-        }
+        done = crate::vmscan::reclaim_rounds(mm, goal, done, |nid, want| {
+            shrink_node_memcgs(mm, nid, want, Reclaimer::Direct, Some(target), force)
+        });
         if done > 0 {
             break;
         }

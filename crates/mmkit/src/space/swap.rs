@@ -217,7 +217,7 @@ impl SpaceInner {
     /// full): the swap-in exchanges with a cold resident page. The slot is
     /// claimed (`swapcache_prepare`; a slot another task is reading or
     /// writing is left to it, and the access retries) and read into a buffer;
-    /// then a victim (`vmscan::exchange_victim`) is written into this very
+    /// then a victim (`swap_exchange::exchange_victim`) is written into this very
     /// slot and unmapped to its entry, and its frame takes the buffer's
     /// content and is mapped here: the incoming page's slot is freed and the
     /// cold page written into it, so every page written stays readable.
@@ -276,7 +276,7 @@ impl SpaceInner {
             return Err(read_err(vmf.addr, entry, err));
         }
         let Some((mut lock, nid, victim_state)) =
-            crate::vmscan::exchange_victim(mm, dev, entry, &buf)
+            crate::swap_exchange::exchange_victim(mm, dev, entry, &buf)
         else {
             charged(false);
             release();
