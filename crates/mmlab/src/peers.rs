@@ -294,11 +294,19 @@ impl Peer {
         }
     }
 
-    /// Keeps `obj` (a server the mm's swap device talks to) until this mmkit
-    /// peer is dropped, after its `Mm`.
+    /// Keeps `obj` (what the mm's swap device is, with a server it talks to)
+    /// until this mmkit peer is dropped, after its `Mm`.
     pub fn keep_alive(&mut self, obj: Box<dyn std::any::Any + Send + Sync>) {
         if let Peer::Mmkit(p) = self {
             p.keep = Some(obj);
+        }
+    }
+
+    /// The object kept by `keep_alive`, if it is a `T`.
+    pub fn kept<T: 'static>(&self) -> Option<&T> {
+        match self {
+            Peer::Mmkit(p) => p.keep.as_ref()?.downcast_ref(),
+            _ => None,
         }
     }
 

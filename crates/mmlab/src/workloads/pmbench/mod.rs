@@ -11,7 +11,8 @@
 //! a loop device over tmpfs (`kernel`, on `host::swap` and `host::child`). The
 //! NBD pair swaps to nbdkit's memory plugin on a Unix socket (`host::nbd`):
 //! `mmkit-nbd` through `SwapDevice::nbd`, `kernel-nbd` through a loop device
-//! over an nbdfuse file.
+//! over an nbdfuse file. An mmkit variant's device is on only for its points
+//! (`device.rs`), so one device is backed at a time.
 //!
 //! The access loop (`AccessLoop`) and `run_loops` are shared by both sides:
 //! `run_loops` runs a loop per working set through `phase::drive`, whose
@@ -19,6 +20,7 @@
 //! flips; they count accesses and time one access in `SAMPLE_EVERY` only while
 //! measuring. An op is one 4-byte access.
 
+pub mod device;
 pub mod kernel;
 
 use super::{Figure, Metric, Workload, XorShift};
@@ -27,14 +29,16 @@ use crate::peers::{Peer, VariantInfo};
 use crate::phase::{self, Phase, PhaseWord, Placement};
 use crate::runner::{Config, Timing};
 use hdrhistogram::Histogram;
-use mmkit::{ClearStrategy, LockStats, Mm, Space, SwapDevice, Variant, VmEvent};
+use mmkit::{LockStats, Mm, Space, Variant, VmEvent};
 use serde_json::{Map, Value};
 use std::time::{Duration, Instant};
 
 /// The working sets together, in arenas.
 pub const WSS_FACTOR: usize = 4;
-/// The arena (mmkit) and the cgroup's limit (kernel), full run.
-pub const ARENA: usize = 512 << 20;
+/// The arena (mmkit) and the cgroup's limit (kernel), full run: 256 MiB keeps
+/// the 40 points of a default run (each warmed up until swapping is steady)
+/// at a few minutes on a small host; the working sets are 1 GiB.
+pub const ARENA: usize = 256 << 20;
 /// The same with `--quick`.
 pub const QUICK_ARENA: usize = 32 << 20;
 /// Writes, in percent of accesses.
@@ -646,64 +650,6 @@ pub fn run_mmkit(
     Ok(figures(&o, swap.2, swap.0, swap.1, pcts))
 }
 
-/// The swap file of mmkit variant `variant` under `--swap file:PATH`: PATH
-/// itself would be shared by the variants, which are all alive at once.
-pub fn swap_file_for(path: &std::path::Path, variant: &str) -> std::path::PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(format!(".{variant}"));
-    s.into()
-}
-
-/// mmkit variant `name` (preset `v`) on a prefaulted arena, with its swap
-/// device on: RAM, or its own file under `--swap file:PATH` (removed when the
-/// variant is dropped).
-fn build_mmkit(name: &str, v: Variant, config: &Config) -> anyhow::Result<Peer> {
-    let a = arena(config.timing.quick);
-    let mut peer = Peer::create_mmkit(name, v, a, ClearStrategy::Auto)?;
-    let bytes = swap_bytes(a) as u64;
-    let dev = match &config.swap_file {
-        Some(p) => {
-            let f = swap_file_for(p, name);
-            peer.remove_on_drop(f.clone());
-            SwapDevice::file(f, bytes)
-        }
-        // Backed now, as the kernel peer's tmpfs file is (fallocate): no
-        // first-write host fault inside a measured interval.
-        None => SwapDevice::ram(bytes).populated(),
-    };
-    let mm = peer.mm().expect("an mmkit peer");
-    mm.swapon(dev)
-        .map_err(|e| anyhow::anyhow!("pmbench {name}: swapon: {e}"))?;
-    Ok(peer)
-}
-
-/// `mmkit-nbd`: `Variant::Mmkit` swapping to an nbdkit memory server of its
-/// own (the swap size and the device's 4 KiB header page), kept alive by the
-/// peer and stopped after its `Mm` is gone.
-fn build_mmkit_nbd(name: &str, config: &Config) -> anyhow::Result<Peer> {
-    let a = arena(config.timing.quick);
-    let mut peer = Peer::create_mmkit(name, Variant::Mmkit, a, ClearStrategy::Auto)?;
-    let bytes = swap_bytes(a) as u64;
-    let server = nbd::Nbdkit::start(bytes + 4096)
-        .map_err(|e| anyhow::anyhow!("pmbench {name}: nbdkit: {e}"))?;
-    let uri = server.uri();
-    peer.keep_alive(Box::new(server));
-    let mm = peer.mm().expect("an mmkit peer");
-    mm.swapon(SwapDevice::nbd(uri, bytes))
-        .map_err(|e| anyhow::anyhow!("pmbench {name}: swapon: {e}"))?;
-    Ok(peer)
-}
-
-/// A custom variant (`--set`) is built without a swap device: it gets a RAM
-/// one, sized as the named variants' (once, at its first point).
-fn swap_on_if_none(mm: &Mm, arena: usize) -> Result<(), String> {
-    if mm.swap_info().is_empty() {
-        mm.swapon(SwapDevice::ram(swap_bytes(arena) as u64).populated())
-            .map_err(|e| format!("swapon: {e}"))?;
-    }
-    Ok(())
-}
-
 pub struct Pmbench;
 
 impl Workload for Pmbench {
@@ -738,10 +684,10 @@ impl Workload for Pmbench {
     }
 
     fn peak_bytes(&self, config: &Config, variants: usize) -> usize {
-        // Each mmkit variant: its arena and a RAM swap device for the rest of
-        // the working sets.
+        // Each mmkit variant's arena, and one swap device (on for a point
+        // only, `device.rs`) or the kernel peer's cgroup and tmpfs swap file.
         let a = arena(config.timing.quick);
-        variants.max(1) * (a + swap_bytes(a))
+        variants.max(1) * a + a + swap_bytes(a)
     }
 
     fn build(&self, variant: &str, config: &Config) -> anyhow::Result<Peer> {
@@ -749,9 +695,9 @@ impl Workload for Pmbench {
             anyhow::bail!("unknown variant {variant:?} for pmbench");
         };
         match Variant::from_name(variant) {
-            Some(v) => build_mmkit(variant, v, config),
+            Some(v) => device::build_mmkit(variant, v, config),
             None if variant == "mmkit-nbd" && nbd::nbdkit_unavailable().is_none() => {
-                build_mmkit_nbd(variant, config)
+                device::build_mmkit_nbd(variant, config)
             }
             None => Ok(Peer::Native(info.name)),
         }
@@ -777,7 +723,7 @@ impl Workload for Pmbench {
         let plan = Plan::of(timing);
         let a = arena(timing.quick);
         let r = match (peer.mm(), name) {
-            (Some(mm), _) => swap_on_if_none(mm, a).and_then(|()| {
+            (Some(mm), _) => device::with_swap(peer, mm, a, || {
                 run_mmkit(
                     mm,
                     threads,

@@ -1,5 +1,6 @@
 //! Tests of the pmbench loop, its figures, the steadiness check and sizes.
 
+use super::device::swap_file_for;
 use super::*;
 
 /// Plain host memory for the loop's tests.
