@@ -57,6 +57,7 @@ mod space;
 mod swap_cluster;
 mod swap_device;
 mod swap_exchange;
+mod swap_readahead;
 mod swap_state;
 mod swapfile;
 mod swapon;
@@ -100,7 +101,8 @@ pub use space::{
     MapFlags, PinnedPage, Space, SpaceStats, Translation, MMAP_BASE, SPARSE_TOUCH_BYTES,
 };
 pub use swap_cluster::SwapAllocPolicy;
-pub use swap_state::{SwapCacheIndex, SwapReadahead};
+pub use swap_readahead::SwapReadahead;
+pub use swap_state::SwapCacheIndex;
 pub use swapfile::{SwapFreePolicy, SwapId, SwapInfo, SwapKind};
 pub use swapon::SwapDevice;
 pub use thrash::LoadControl;

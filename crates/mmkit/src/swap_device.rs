@@ -31,6 +31,7 @@ use std::sync::Arc;
 use crossbeam_utils::CachePadded;
 use mmkit_core::{Platform, VmEvent};
 
+use crate::page_io::SwapRead;
 use crate::pgtable::SwapEntry;
 use crate::swap_cluster::SWAP_HAS_CACHE;
 use crate::swapfile::{SwapDevices, SwapError, SwapInfoStruct};
@@ -54,10 +55,6 @@ impl Deref for DeviceRef {
 pub(crate) struct SwapPins(Vec<DeviceRef>);
 
 impl SwapPins {
-    /// Starts with `dev` pinned.
-    pub(crate) fn with(dev: DeviceRef) -> SwapPins {
-        SwapPins(vec![dev])
-    }
 
     /// Adds `dev` (pinned by `get_swap_pages`) unless it is in already.
     pub(crate) fn add(&mut self, dev: DeviceRef) {
@@ -228,6 +225,7 @@ impl SwapInfoStruct {
     }
 
     /// Writes pages to the contiguous slots from `first` on, in one request.
+    #[cfg(test)]
     pub(crate) fn swap_writepages(
         &self,
         first: SwapEntry,
@@ -238,6 +236,50 @@ impl SwapInfoStruct {
             return Err(SwapError::BadEntry { entry: first });
         }
         Ok(self.io.swap_writepages(s, pages)?)
+    }
+
+    /// Writes `runs` (first entry, pages of contiguous slots) together
+    /// (`SwapIo::swap_writepages_batch`): `ok[r]` says whether run `r` was
+    /// written. A run outside the device fails alone.
+    pub(crate) fn swap_writepages_batch(&self, runs: &[(SwapEntry, &[&[u8]])], ok: &mut [bool]) {
+        let mut slots = Vec::with_capacity(runs.len());
+        let mut idx = Vec::with_capacity(runs.len());
+        for (r, &(first, pages)) in runs.iter().enumerate() {
+            ok[r] = false;
+            match self.slot(first) {
+                Ok(s) if s as u64 + pages.len() as u64 <= self.map.nr_slots() as u64 => {
+                    slots.push((s, pages));
+                    idx.push(r);
+                }
+                _ => {}
+            }
+        }
+        let mut done = vec![false; slots.len()];
+        self.io.swap_writepages_batch(&slots, &mut done, &mut |_, _| {});
+        for (&r, d) in idx.iter().zip(done) {
+            ok[r] = d;
+        }
+    }
+
+    /// Starts reading an entry's slot into `page` (`SwapIo::swap_read_start`).
+    ///
+    /// # Safety
+    /// As `SwapIo::swap_read_start`: `page` is 4096 bytes of ours until the
+    /// read is ended by `swap_read_end`.
+    pub(crate) unsafe fn swap_read_start(
+        &self,
+        entry: SwapEntry,
+        page: *mut u8,
+        block: bool,
+    ) -> Result<SwapRead, SwapError> {
+        let slot = self.slot(entry)?;
+        // SAFETY: the caller's contract.
+        Ok(unsafe { self.io.swap_read_start(slot, page, block)? })
+    }
+
+    /// Waits for and verifies a read started by `swap_read_start`.
+    pub(crate) fn swap_read_end(&self, r: SwapRead, page: &[u8]) -> Result<(), SwapError> {
+        Ok(self.io.swap_read_end(r, page)?)
     }
 
     /// Reads an entry's slot and verifies its checksum (`swap_read_folio`).

@@ -33,53 +33,40 @@
 //!
 //! # Swap-in
 //!
-//! [`Mm::read_swap_cache`] (Linux's `__read_swap_cache_async` with
+//! [`Mm::read_swap_cache_start`] (Linux's `__read_swap_cache_async` with
 //! `swap_read_folio`) is the one routine that brings a slot into the cache, for
 //! the fault (`do_swap_page` in `space/swap.rs`) and for both readaheads
-//! (`swap_readahead_one`): a page already cached is returned as it is;
+//! (`swap_readahead.rs`): a page already cached is returned as it is;
 //! otherwise alloc, `swapcache_prepare`, lock, add, read (CRC32C verified), and
 //! on failure the undo (`swapin_undo`, also the fault's when its PTE changed).
+//! It comes in two halves, `read_swap_cache_start` (up to the read, started
+//! and not waited for) and `read_swap_cache_end` (wait, verify, or undo), so
+//! that a fault has its read-ahead reads in flight with its own.
 //!
 //! Locking: `Trunks`: each trunk's map under its lock (statistics in
 //! `trunk_lock_stats`). `Table`: entries written under the cluster lock of the
 //! swap map (`SwapMap::lock_cluster`), read with `Acquire` loads. The swap-in
 //! routine holds one page lock (the new page's) while it adds and reads; the
-//! cache and map locks are leaves taken inside it. The readahead queue's mutex
-//! is a leaf too: no page lock is taken under it.
+//! cache and map locks are leaves taken inside it.
 //!
-//! # Readahead
-//!
-//! [`SwapReadahead`] (Linux's `swapin_readahead`): a swap-in may read more
-//! slots into the cache, `Cluster` (the slots after the faulting one on the
-//! device, Linux's `swap_cluster_readahead`) or `Vma` (the swap entries of the
-//! following PTEs, Linux's `swap_vma_readahead`, done in `space/swap.rs`). The
-//! window adapts as Linux's `__swapin_nr_pages` does: two more than the hits
-//! since the last fault, rounded up to a power of two, at most [`SWAP_RA_MAX`];
-//! without hits only a sequential fault reads ahead, and the window shrinks by
-//! half at a time.
-//! A page read ahead is in the cache, unmapped, with `PG_READAHEAD`, and owns
-//! the allocation's reference; a fault on its entry maps it (a `swap_ra_hit`,
-//! the reference becomes the mapping's). Otherwise it is dropped and freed when
-//! the last PTE of its slot goes (`try_to_reclaim_swap`, from the zap), by
-//! reclaim (oldest first, before the LRU), or when the queue of read-ahead
-//! pages is full. The queue may hold stale entries (pages mapped or dropped
-//! since); every use re-checks the page under its lock.
+//! Readahead, which brings more slots in through the same routine, is in
+//! `swap_readahead.rs`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 
 use crossbeam_utils::CachePadded;
 use mmkit_core::{LockStats, Platform};
 
-use mmkit_core::page::{PG_READAHEAD, PG_SWAPCACHE};
-use mmkit_core::VmEvent;
+use mmkit_core::page::PG_SWAPCACHE;
 
+use crate::page_io::SwapRead;
 use crate::pgtable::{desc, Pte, SwapEntry};
 use crate::platform::StdPlatform;
 use crate::rmap::PageGuard;
 use crate::swap_cluster::{MapError, SwapMap, SWAP_ADDRESS_SPACE_PAGES};
-use crate::swapfile::{SwapError, SwapInfoStruct, SwapPins};
+use crate::swapfile::{SwapError, SwapInfoStruct};
 use crate::sync::{LockClassStats, StatLock};
 use crate::workingset::SHADOW_TAG;
 use crate::{Error, Gfp, Mm, Pfn};
@@ -360,88 +347,6 @@ impl SwapCache {
     }
 }
 
-/// What a swap-in reads besides the faulting slot (see the module header).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub enum SwapReadahead {
-    /// Only the faulting slot.
-    Off,
-    /// The slots after it on the device, within its cluster.
-    Cluster,
-    /// The swap entries of the PTEs after it, within its page table (Linux's
-    /// default).
-    #[default]
-    Vma,
-}
-
-/// The largest readahead window, in pages (Linux's `page_cluster` = 3).
-pub(crate) const SWAP_RA_MAX: u64 = 8;
-/// Read-ahead pages waiting for a fault at most; the oldest go first.
-const SWAP_RA_QUEUE_MAX: usize = 4096;
-
-/// One CPU's readahead history (Linux keeps it per VMA and globally; per
-/// CPU, a pinned task's faults see their own sequence and no fault writes a
-/// line that every CPU's faults write).
-#[derive(Default)]
-struct RaState {
-    hits: AtomicU64,
-    prev: AtomicU64,
-    last_window: AtomicU64,
-}
-
-/// Readahead state of one Mm (Linux's `swapin_readahead_hits`, `prev_offset`,
-/// `last_readahead_pages`, per CPU) and the pages read ahead, oldest first.
-pub(crate) struct SwapRa {
-    pub(crate) policy: SwapReadahead,
-    cpus: Box<[CachePadded<RaState>]>,
-    queue: parking_lot::Mutex<VecDeque<(u32, SwapEntry)>>,
-}
-
-impl SwapRa {
-    pub(crate) fn new(policy: SwapReadahead, nr_cpus: usize) -> SwapRa {
-        SwapRa {
-            policy,
-            cpus: (0..nr_cpus.max(1))
-                .map(|_| CachePadded::default())
-                .collect(),
-            queue: Default::default(),
-        }
-    }
-
-    fn here(&self) -> &RaState {
-        &self.cpus[StdPlatform::cpu_id() % self.cpus.len()]
-    }
-
-    /// Linux's `__swapin_nr_pages`: the window for a fault at `key` (a slot
-    /// offset for `Cluster`, a virtual page for `Vma`), counting the faulting
-    /// page; 1 means no readahead.
-    pub(crate) fn window(&self, key: u64) -> u64 {
-        if self.policy == SwapReadahead::Off {
-            return 1;
-        }
-        let st = self.here();
-        let hits = st.hits.swap(0, Ordering::Relaxed);
-        let prev = st.prev.swap(key, Ordering::Relaxed);
-        let mut pages = hits + 2;
-        if pages == 2 {
-            if key != prev.wrapping_add(1) && key != prev.wrapping_sub(1) {
-                pages = 1;
-            }
-        } else {
-            pages = pages.next_power_of_two();
-        }
-        pages = pages.min(SWAP_RA_MAX);
-        let last = st.last_window.load(Ordering::Relaxed);
-        pages = pages.max(last / 2);
-        st.last_window.store(pages, Ordering::Relaxed);
-        pages
-    }
-
-    /// A fault found a page read ahead.
-    pub(crate) fn hit(&self) {
-        self.here().hits.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 /// The swap cache's operations on a pinned device (`SwapDevices::get`): the
 /// entry's slot is checked to be the device's; the totals follow.
 impl SwapInfoStruct {
@@ -486,7 +391,7 @@ impl SwapInfoStruct {
     }
 }
 
-/// What [`Mm::read_swap_cache`] found.
+/// What a swap-in of a slot found.
 pub(crate) enum SwapCacheRead<'a> {
     /// A new page holding the slot's verified content: locked, in the swap
     /// cache, not mapped (`swapin_undo` takes it back).
@@ -498,7 +403,7 @@ pub(crate) enum SwapCacheRead<'a> {
     Busy,
 }
 
-/// Why [`Mm::read_swap_cache`] read nothing (nothing changed).
+/// Why a swap-in of a slot read nothing (nothing changed).
 pub(crate) enum SwapInFail {
     /// No free page (the allocation's error).
     NoMemory(Error),
@@ -508,22 +413,55 @@ pub(crate) enum SwapInFail {
     Read(SwapError),
 }
 
+/// A slot's swap-in under way ([`Mm::read_swap_cache_start`]): its new page,
+/// locked and in the swap cache, its read started. Must be passed to
+/// [`Mm::read_swap_cache_end`] (the read may still be writing the page).
+#[must_use = "a started swap-in must be ended"]
+pub(crate) struct SwapInPending<'a> {
+    lock: PageGuard<'a>,
+    entry: SwapEntry,
+    shadow: Option<u32>,
+    read: SwapRead,
+}
+
+impl SwapInPending<'_> {
+    /// The entry being read.
+    pub(crate) fn entry(&self) -> SwapEntry {
+        self.entry
+    }
+}
+
+/// What [`Mm::read_swap_cache_start`] found.
+pub(crate) enum SwapCacheStart<'a> {
+    /// A new page whose read is under way.
+    Started(SwapInPending<'a>),
+    /// As [`SwapCacheRead::Cached`].
+    Cached(Pfn),
+    /// As [`SwapCacheRead::Busy`].
+    Busy,
+}
+
 impl Mm {
     /// Brings `entry`'s slot of the pinned `dev` into the swap cache (Linux's
     /// `__read_swap_cache_async` with `swap_read_folio`), for a fault and for
-    /// both readaheads: a page cached for the slot is returned as it is;
-    /// otherwise a new page (`gfp`), `swapcache_prepare` (of concurrent
-    /// callers one wins, the others get `Busy`), locked, added to the cache,
-    /// read and verified. Any failure undoes what was done.
-    pub(crate) fn read_swap_cache(
+    /// both readaheads, up to the read, which is started and not waited
+    /// for: a page cached for the slot is returned as it is; otherwise a new
+    /// page (`gfp`), `swapcache_prepare` (of concurrent callers one wins, the
+    /// others get `Busy`), locked, added to the cache, and its read started
+    /// (on an NBD device it is in flight when this returns; `block`: it may
+    /// wait for a free request slot, else the read fails with nothing
+    /// changed). [`Mm::read_swap_cache_end`] waits, verifies and finishes.
+    /// Any failure undoes what was done.
+    pub(crate) fn read_swap_cache_start(
         &self,
         dev: &SwapInfoStruct,
         entry: SwapEntry,
         gfp: Gfp,
-    ) -> Result<SwapCacheRead<'_>, SwapInFail> {
+        block: bool,
+    ) -> Result<SwapCacheStart<'_>, SwapInFail> {
         dev.slot(entry).map_err(SwapInFail::Slot)?;
         if let Some(pfn) = dev.lookup_swap_cache(entry) {
-            return Ok(SwapCacheRead::Cached(Pfn::new(pfn as u64)));
+            return Ok(SwapCacheStart::Cached(Pfn::new(pfn as u64)));
         }
         let page = self
             .alloc_owned_pages(gfp, 0)
@@ -534,7 +472,7 @@ impl Mm {
                 self.free_owned_pages(page, 0)
                     .expect("our unpublished page");
                 return match e {
-                    SwapError::Map(MapError::CacheBusy(_)) => Ok(SwapCacheRead::Busy),
+                    SwapError::Map(MapError::CacheBusy(_)) => Ok(SwapCacheStart::Busy),
                     e => Err(SwapInFail::Slot(e)),
                 };
             }
@@ -543,12 +481,43 @@ impl Mm {
         let shadow = dev.swap_shadow(entry);
         let mut lock = self.lock_page(page);
         self.swapcache_add(dev, &lock, entry);
-        if let Err(e) = dev.swap_readpage(entry, lock.bytes_mut()) {
+        let dst = lock.bytes_mut().as_mut_ptr();
+        // SAFETY: the page is ours (allocated above, locked by us) and stays
+        // so until `read_swap_cache_end` ends the read: `SwapInPending`
+        // carries the lock there, and nothing touches the bytes meanwhile.
+        match unsafe { dev.swap_read_start(entry, dst, block) } {
+            Ok(read) => Ok(SwapCacheStart::Started(SwapInPending {
+                lock,
+                entry,
+                shadow,
+                read,
+            })),
+            Err(e) => {
+                self.swapin_undo(dev, lock);
+                Err(SwapInFail::Read(e))
+            }
+        }
+    }
+
+    /// Waits for the read of `p` and verifies it: the page, locked, in the
+    /// swap cache, not mapped; or, on failure, everything undone.
+    pub(crate) fn read_swap_cache_end<'a>(
+        &'a self,
+        dev: &SwapInfoStruct,
+        p: SwapInPending<'a>,
+    ) -> Result<PageGuard<'a>, SwapInFail> {
+        let SwapInPending {
+            lock,
+            entry,
+            shadow,
+            read,
+        } = p;
+        if let Err(e) = dev.swap_read_end(read, lock.bytes()) {
             self.swapin_undo(dev, lock);
             return Err(SwapInFail::Read(e));
         }
-        self.swapin_refault(page, shadow, dev.swap_owner(entry));
-        Ok(SwapCacheRead::Read(lock))
+        self.swapin_refault(lock.pfn(), shadow, dev.swap_owner(entry));
+        Ok(lock)
     }
 
     /// The LRU state of a page just read back from a slot that held `shadow`
@@ -578,7 +547,7 @@ impl Mm {
         }
     }
 
-    /// Takes back a page that `read_swap_cache` read and nothing mapped: out
+    /// Takes back a page that `read_swap_cache_start` added and nothing mapped: out
     /// of the swap cache (with the cache's slot reference), unlocked, freed.
     pub(crate) fn swapin_undo(&self, dev: &SwapInfoStruct, lock: PageGuard<'_>) {
         self.swapcache_drop(dev, &lock);
@@ -586,89 +555,6 @@ impl Mm {
         drop(lock);
         self.free_owned_pages(page, 0)
             .expect("a page the swap cache alone held");
-    }
-
-    /// Reads `entry` of the pinned `dev` ahead into the swap cache: a page of
-    /// its own, unmapped, `PG_READAHEAD`, queued. False (nothing changed) when
-    /// the slot is free, already cached or being read, no page is free without
-    /// reclaim, or the read fails (a later fault reads it again and reports).
-    pub(crate) fn swap_readahead_one(&self, dev: &SwapInfoStruct, entry: SwapEntry) -> bool {
-        let Ok(SwapCacheRead::Read(lock)) = self.read_swap_cache(dev, entry, Gfp::MOVABLE_NOWAIT)
-        else {
-            return false;
-        };
-        let page = lock.pfn();
-        desc(self, page).set_flag(PG_READAHEAD);
-        drop(lock);
-        let pa = self.page_alloc();
-        pa.count_vm_event(VmEvent::SwapRa, 1);
-        pa.count_vm_event(VmEvent::PswpIn, 1);
-        let full = {
-            let mut q = self.swap().ra().queue.lock();
-            q.push_back((page.get() as u32, entry));
-            q.len() > SWAP_RA_QUEUE_MAX
-        };
-        if full {
-            self.shrink_readahead(1);
-        }
-        true
-    }
-
-    /// Drops the page cached for `entry` of the pinned `dev` if it is a
-    /// read-ahead page no fault mapped (Linux's `__try_to_reclaim_swap`, as
-    /// `free_swap_and_cache` uses it once the last PTE of the slot is gone);
-    /// frees its slot with it.
-    pub(crate) fn try_to_reclaim_swap(&self, dev: &SwapInfoStruct, entry: SwapEntry) -> bool {
-        let Some(pfn) = dev.lookup_swap_cache(entry) else {
-            return false;
-        };
-        let lock = self.lock_page(Pfn::new(pfn as u64));
-        self.drop_readahead_page(dev, lock, entry)
-    }
-
-    /// Drops the locked page if it still caches `entry` unmapped, read ahead.
-    fn drop_readahead_page(
-        &self,
-        dev: &SwapInfoStruct,
-        lock: PageGuard<'_>,
-        entry: SwapEntry,
-    ) -> bool {
-        let d = desc(self, lock.pfn());
-        if self.swapcache_entry(&lock) != Some(entry)
-            || !d.test_flag(PG_READAHEAD)
-            || d.mapping.load(Ordering::Acquire) != 0
-        {
-            return false;
-        }
-        d.clear_flag(PG_READAHEAD);
-        self.swapin_undo(dev, lock);
-        true
-    }
-
-    /// Reclaim's share: drops up to `n` read-ahead pages that no fault used,
-    /// oldest first; returns how many were freed.
-    pub(crate) fn shrink_readahead(&self, n: usize) -> u64 {
-        let swap = self.swap();
-        let mut pins = SwapPins::default();
-        let mut freed = 0;
-        let mut looked = 0;
-        while (freed as usize) < n && looked < 4 * n.max(1) {
-            let Some((pfn, entry)) = swap.ra().queue.lock().pop_front() else {
-                break;
-            };
-            looked += 1;
-            // A stale queue entry may name a device gone since: its page left
-            // the cache before the device could go.
-            let Some(dev) = pins.get(swap, entry) else {
-                continue;
-            };
-            match self.trylock_page(Pfn::new(pfn as u64)) {
-                Some(lock) => freed += u64::from(self.drop_readahead_page(dev, lock, entry)),
-                // In use this moment (a fault mapping it): look again later.
-                None => swap.ra().queue.lock().push_back((pfn, entry)),
-            }
-        }
-        freed
     }
 
     /// Puts the locked page `page` in the swap cache of the pinned `dev` for

@@ -704,11 +704,14 @@ fn add_to_swap(mm: &Mm, pins: &mut SwapPins, victims: &mut [Victim<'_>]) {
 }
 
 /// Step 3 (Linux's `pageout`): writes the victims that need it, runs of
-/// contiguous slots in one request each; which victims' slots hold their
-/// content now.
+/// contiguous slots in one request each, every run of a device sent before
+/// any is waited for (`swap_writepages_batch`); which victims' slots hold
+/// their content now.
 fn pageout(mm: &Mm, pins: &mut SwapPins, victims: &[Victim<'_>]) -> Vec<bool> {
     let swap = mm.swap();
     let mut written: Vec<bool> = victims.iter().map(|v| !v.write).collect();
+    // (first entry, victims i..j) of each run.
+    let mut runs: Vec<(SwapEntry, usize, usize)> = Vec::new();
     let mut i = 0;
     while i < victims.len() {
         let Some(first) = victims[i].entry.filter(|_| victims[i].write) else {
@@ -723,18 +726,33 @@ fn pageout(mm: &Mm, pins: &mut SwapPins, victims: &[Victim<'_>]) -> Vec<bool> {
         {
             j += 1;
         }
-        // Each page is held by its isolation reference and locked by us.
-        let bufs: Vec<&[u8]> = victims[i..j].iter().map(|v| v.lock.bytes()).collect();
-        let dev = pins.get(swap, first).expect("pinned in step 1 or 2");
-        match dev.swap_writepages(first, &bufs) {
-            Ok(()) => {
+        runs.push((first, i, j));
+        i = j;
+    }
+    // Each page is held by its isolation reference and locked by us.
+    let bufs: Vec<&[u8]> = victims.iter().map(|v| v.lock.bytes()).collect();
+    let mut k = 0;
+    while k < runs.len() {
+        // The runs of one device, together.
+        let ty = runs[k].0.ty();
+        let end = k + runs[k..].iter().take_while(|r| r.0.ty() == ty).count();
+        let dev = pins.get(swap, runs[k].0).expect("pinned in step 1 or 2");
+        let io: Vec<(SwapEntry, &[&[u8]])> = runs[k..end]
+            .iter()
+            .map(|&(e, i, j)| (e, &bufs[i..j]))
+            .collect();
+        let mut ok = vec![false; io.len()];
+        dev.swap_writepages_batch(&io, &mut ok);
+        for (&(_, i, j), ok) in runs[k..end].iter().zip(ok) {
+            if ok {
                 written[i..j].iter_mut().for_each(|w| *w = true);
                 mm.page_alloc()
                     .count_vm_event(VmEvent::PswpOut, (j - i) as u64);
+            } else {
+                mm.page_alloc().count_vm_event(VmEvent::SwapIoError, 1);
             }
-            Err(_) => mm.page_alloc().count_vm_event(VmEvent::SwapIoError, 1),
         }
-        i = j;
+        k = end;
     }
     written
 }

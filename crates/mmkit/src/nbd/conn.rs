@@ -245,6 +245,17 @@ struct Req {
     buf: *mut u8,
 }
 
+/// A request sent and not waited for yet ([`Client::submit_read`],
+/// [`Client::submit_write`]): its connection and request slot. The slot stays
+/// the holder's until [`Client::complete`] takes the ticket back, so every
+/// ticket must be completed.
+#[must_use = "a ticket holds a request slot until it is completed"]
+pub(crate) struct Ticket {
+    ci: usize,
+    i: usize,
+    deadline: Instant,
+}
+
 enum Outcome {
     Done(i32),
     Resend,
@@ -291,9 +302,17 @@ impl Client {
         }
     }
 
-    fn get_slot(&self, c: &Conn, deadline: Instant) -> io::Result<usize> {
+    /// A free request slot of `c`, claimed for a new request: waiting for
+    /// one until `deadline` with `block`, `WouldBlock` at once without.
+    fn get_slot(&self, c: &Conn, deadline: Instant, block: bool) -> io::Result<usize> {
         let mut f = c.free.lock();
         while f.n == 0 {
+            if !block {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "NBD connection: every request slot is in flight",
+                ));
+            }
             if c.free_cv.wait_until(&mut f, deadline).timed_out() && f.n == 0 {
                 return Err(timed_out("request slot"));
             }
@@ -464,34 +483,51 @@ impl Client {
         out
     }
 
-    /// Runs one request on connection `ci` (re-sending a read that a reset
-    /// handed back) until it completes or `deadline` passes.
-    fn run(&self, ci: usize, req: Req, pages: &[&[u8]], deadline: Instant) -> io::Result<()> {
-        let Req {
-            cmd,
-            offset,
-            len,
-            buf,
-        } = req;
+    /// Sends one request on connection `ci` and returns without waiting for
+    /// its reply: the ticket to [`Client::complete`]. `block`: wait for a
+    /// free request slot (else `WouldBlock` when every slot is in flight; a
+    /// caller that holds tickets must not block, or its own tickets could
+    /// hold the slots it waits for).
+    ///
+    /// # Safety
+    /// For a read, `req.buf` is valid for writes of `req.len` bytes, and
+    /// nothing else accesses it, until the ticket is completed.
+    unsafe fn submit(
+        &self,
+        ci: usize,
+        req: Req,
+        pages: &[&[u8]],
+        deadline: Instant,
+        block: bool,
+    ) -> io::Result<Ticket> {
+        let c = &self.conns[ci];
+        let i = self.get_slot(c, deadline, block)?;
+        {
+            let mut s = c.slots[i].st.lock();
+            s.cmd = req.cmd;
+            s.offset = req.offset;
+            s.len = req.len as u32;
+            s.buf = BufPtr(req.buf);
+        }
+        if let Err(e) = self.send(c, i, pages, deadline) {
+            c.put_slot(i);
+            return Err(e);
+        }
+        Ok(Ticket { ci, i, deadline })
+    }
+
+    /// Waits for the request of `t` (re-sending a read that a reset handed
+    /// back) until it completes or its deadline passes.
+    pub(crate) fn complete(&self, t: Ticket) -> io::Result<()> {
+        let Ticket { ci, i, deadline } = t;
+        let c = &self.conns[ci];
+        let cmd = c.slots[i].st.lock().cmd;
         let what = match cmd {
             CMD_READ => "read",
             CMD_WRITE => "write",
             _ => "trim",
         };
-        let c = &self.conns[ci];
-        let i = self.get_slot(c, deadline)?;
-        {
-            let mut s = c.slots[i].st.lock();
-            s.cmd = cmd;
-            s.offset = offset;
-            s.len = len as u32;
-            s.buf = BufPtr(buf);
-        }
         loop {
-            if let Err(e) = self.send(c, i, pages, deadline) {
-                c.put_slot(i);
-                return Err(e);
-            }
             match self.wait(c, i, deadline) {
                 Outcome::Done(e) => {
                     c.put_slot(i);
@@ -503,50 +539,81 @@ impl Client {
                 }
                 Outcome::Resend => {
                     self.counters.resent.fetch_add(1, Ordering::Relaxed);
+                    // A write or trim is never handed back (it fails), so a
+                    // read has no pages to send.
+                    if let Err(e) = self.send(c, i, &[], deadline) {
+                        c.put_slot(i);
+                        return Err(e);
+                    }
                 }
                 Outcome::TimedOut => return Err(timed_out(what)),
             }
         }
     }
 
-    /// Reads `buf.len()` bytes at export offset `offset` on connection `ci`.
-    pub(crate) fn read(&self, ci: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    /// Sends a read of `len` bytes at export offset `offset` into `buf`.
+    ///
+    /// # Safety
+    /// `buf` is valid for writes of `len` bytes, and nothing else accesses
+    /// it, until the ticket is completed.
+    pub(crate) unsafe fn submit_read(
+        &self,
+        ci: usize,
+        offset: u64,
+        buf: *mut u8,
+        len: usize,
+        block: bool,
+    ) -> io::Result<Ticket> {
         let deadline = Instant::now() + self.timeout;
-        let (len, buf) = (buf.len(), buf.as_mut_ptr());
         let req = Req {
             cmd: CMD_READ,
             offset,
             len,
             buf,
         };
-        self.run(ci, req, &[], deadline)
+        // SAFETY: the caller's contract.
+        unsafe { self.submit(ci, req, &[], deadline, block) }
     }
 
-    /// Writes `pages` (at most [`MAX_IOV_PAGES`]) contiguously at `offset`.
-    pub(crate) fn write(&self, ci: usize, offset: u64, pages: &[&[u8]]) -> io::Result<()> {
+    /// Reads `buf.len()` bytes at export offset `offset` on connection `ci`.
+    pub(crate) fn read(&self, ci: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        // SAFETY: `buf` is borrowed mutably until the ticket completes here.
+        let t = unsafe { self.submit_read(ci, offset, buf.as_mut_ptr(), buf.len(), true)? };
+        self.complete(t)
+    }
+
+    /// Sends a write of `pages` (at most [`MAX_IOV_PAGES`]) contiguously at
+    /// `offset`; the pages are on the socket when it returns.
+    pub(crate) fn submit_write(
+        &self,
+        ci: usize,
+        offset: u64,
+        pages: &[&[u8]],
+        block: bool,
+    ) -> io::Result<Ticket> {
         let deadline = Instant::now() + self.timeout;
-        let len = pages.iter().map(|p| p.len()).sum();
-        let buf = std::ptr::null_mut();
         let req = Req {
             cmd: CMD_WRITE,
             offset,
-            len,
-            buf,
+            len: pages.iter().map(|p| p.len()).sum(),
+            buf: std::ptr::null_mut(),
         };
-        self.run(ci, req, pages, deadline)
+        // SAFETY: not a read: no buffer is written.
+        unsafe { self.submit(ci, req, pages, deadline, block) }
     }
 
     /// Trims `len` bytes at `offset`.
     pub(crate) fn trim(&self, ci: usize, offset: u64, len: u32) -> io::Result<()> {
         let deadline = Instant::now() + self.timeout;
-        let (len, buf) = (len as usize, std::ptr::null_mut());
         let req = Req {
             cmd: CMD_TRIM,
             offset,
-            len,
-            buf,
+            len: len as usize,
+            buf: std::ptr::null_mut(),
         };
-        self.run(ci, req, &[], deadline)
+        // SAFETY: not a read: no buffer is written.
+        let t = unsafe { self.submit(ci, req, &[], deadline, true)? };
+        self.complete(t)
     }
 
     /// Says goodbye on every connection and wakes every watcher and waiter.

@@ -38,7 +38,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use conn::{Client, MAX_IOV_PAGES};
+use conn::{Client, MAX_IOV_PAGES, NR_SLOTS};
+pub(crate) use conn::Ticket;
 use proto::{ExportInfo, CMD_READ, CMD_WRITE};
 use reader::sync_io;
 use trim::TrimState;
@@ -51,6 +52,9 @@ const PAGE: u64 = 4096;
 const STRIPE: u64 = 512;
 /// Connections at most.
 pub const NBD_MAX_CONNECTIONS: usize = 4;
+/// Writes one caller has in flight at most (below a connection's request
+/// slots, so a batch never holds all of them).
+pub(crate) const WRITE_BATCH: usize = NR_SLOTS / 2;
 /// The default deadline of a request.
 pub const NBD_DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 const HEADER_MAGIC: &[u8; 16] = b"mmkit-nbd-swap-1";
@@ -293,30 +297,102 @@ impl NbdBackend {
     }
 
     /// Writes runs of pages from swap-area offset `offset` on: one request per
-    /// stripe-contiguous group of up to 256 pages.
+    /// stripe-contiguous group of up to 256 pages, all sent before any reply
+    /// is waited for.
     pub(crate) fn write_pages(&self, offset: u64, pages: &[&[u8]]) -> io::Result<()> {
-        if pages.iter().any(|p| p.len() as u64 != PAGE) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "NBD writes whole pages",
-            ));
-        }
         self.check(offset, pages.len() * PAGE as usize)?;
-        let first = offset / PAGE;
-        if let Some(t) = &self.trim {
-            t.before_write(first as u32, pages.len() as u32);
+        let mut err = None;
+        self.write_runs(&[((offset / PAGE) as u32, pages)], &mut |_, e| {
+            err.get_or_insert(e);
+        });
+        err.map_or(Ok(()), Err)
+    }
+
+    /// Writes `runs` (first slot, whole pages of contiguous slots): every
+    /// request of every run is sent before any reply is waited for (up to
+    /// [`WRITE_BATCH`] in flight), so a batch costs about one round trip.
+    /// `fail(run, error)` is called for each request of a run that failed
+    /// (so at least once for a run that did not reach the server whole).
+    /// Allocates nothing.
+    pub(crate) fn write_runs(&self, runs: &[(u32, &[&[u8]])], fail: &mut dyn FnMut(usize, io::Error)) {
+        let mut q = TicketQueue::new();
+        for (r, &(first, pages)) in runs.iter().enumerate() {
+            let check = if pages.iter().any(|p| p.len() as u64 != PAGE) {
+                Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "NBD writes whole pages",
+                ))
+            } else {
+                self.check(first as u64 * PAGE, pages.len() * PAGE as usize)
+            };
+            if let Err(e) = check {
+                fail(r, e);
+                continue;
+            }
+            if let Some(t) = &self.trim {
+                t.before_write(first, pages.len() as u32);
+            }
+            let mut done = 0usize;
+            while done < pages.len() {
+                let slot = first as u64 + done as u64;
+                let to_stripe = (STRIPE - slot % STRIPE) as usize;
+                let n = (pages.len() - done).min(to_stripe).min(MAX_IOV_PAGES);
+                let ci = self.conn_of(slot);
+                let off = (slot + 1) * PAGE;
+                let sent = loop {
+                    match self.cl.submit_write(ci, off, &pages[done..done + n], q.is_empty()) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            q.complete_oldest(&self.cl, fail);
+                        }
+                        r => break r,
+                    }
+                };
+                match sent {
+                    Ok(t) => {
+                        if q.is_full() {
+                            q.complete_oldest(&self.cl, fail);
+                        }
+                        q.push(r, t);
+                    }
+                    Err(e) => {
+                        // The rest of this run is not sent: it failed.
+                        fail(r, e);
+                        break;
+                    }
+                }
+                done += n;
+            }
         }
-        let mut done = 0usize;
-        while done < pages.len() {
-            let slot = first + done as u64;
-            let to_stripe = (STRIPE - slot % STRIPE) as usize;
-            let n = (pages.len() - done).min(to_stripe).min(MAX_IOV_PAGES);
-            let ci = self.conn_of(slot);
+        while !q.is_empty() {
+            q.complete_oldest(&self.cl, fail);
+        }
+    }
+
+    /// Sends the read of one page at swap-area offset `offset` into `buf`
+    /// and returns without waiting: the ticket to [`NbdBackend::read_complete`].
+    /// `block`: wait for a free request slot (else `WouldBlock`).
+    ///
+    /// # Safety
+    /// `buf` is valid for writes of 4096 bytes, and nothing else accesses it,
+    /// until the ticket is completed.
+    pub(crate) unsafe fn read_submit(
+        &self,
+        offset: u64,
+        buf: *mut u8,
+        block: bool,
+    ) -> io::Result<Ticket> {
+        self.check(offset, PAGE as usize)?;
+        let slot = offset / PAGE;
+        // SAFETY: the caller's contract.
+        unsafe {
             self.cl
-                .write(ci, (slot + 1) * PAGE, &pages[done..done + n])?;
-            done += n;
+                .submit_read(self.conn_of(slot), (slot + 1) * PAGE, buf, PAGE as usize, block)
         }
-        Ok(())
+    }
+
+    /// Waits for a read sent by [`NbdBackend::read_submit`].
+    pub(crate) fn read_complete(&self, t: Ticket) -> io::Result<()> {
+        self.cl.complete(t)
     }
 
     /// A freed slot: trimmed on the server soon (where it supports TRIM).
@@ -349,6 +425,46 @@ impl NbdBackend {
     /// Does the server take trims?
     pub fn can_trim(&self) -> bool {
         self.trim.is_some()
+    }
+}
+
+/// A caller's writes in flight, oldest first, with the run each belongs to
+/// (a ring on the stack).
+struct TicketQueue {
+    q: [Option<(usize, Ticket)>; WRITE_BATCH],
+    head: usize,
+    n: usize,
+}
+
+impl TicketQueue {
+    fn new() -> TicketQueue {
+        TicketQueue {
+            q: std::array::from_fn(|_| None),
+            head: 0,
+            n: 0,
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+    fn is_full(&self) -> bool {
+        self.n == WRITE_BATCH
+    }
+    fn push(&mut self, run: usize, t: Ticket) {
+        debug_assert!(!self.is_full());
+        self.q[(self.head + self.n) % WRITE_BATCH] = Some((run, t));
+        self.n += 1;
+    }
+    /// Waits for the oldest write; a failure is reported for its run.
+    fn complete_oldest(&mut self, cl: &Client, fail: &mut dyn FnMut(usize, io::Error)) {
+        let Some((run, t)) = self.q[self.head].take() else {
+            return;
+        };
+        self.head = (self.head + 1) % WRITE_BATCH;
+        self.n -= 1;
+        if let Err(e) = cl.complete(t) {
+            fail(run, e);
+        }
     }
 }
 

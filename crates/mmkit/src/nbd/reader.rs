@@ -321,7 +321,7 @@ impl Client {
         r
     }
 
-    fn complete(&self, c: &Conn, i: usize, err: u32) {
+    fn complete_slot(&self, c: &Conn, i: usize, err: u32) {
         let slot = &c.slots[i];
         let mut s = slot.st.lock();
         let short = s.cmd == CMD_READ && s.covered < s.len;
@@ -358,7 +358,7 @@ impl Client {
                 if err == 0 && cmd == CMD_READ {
                     self.payload(c, i, 0, len, rx)?;
                 }
-                self.complete(c, i, err);
+                self.complete_slot(c, i, err);
                 Ok(Some(i))
             }
             STRUCTURED_REPLY_MAGIC => {
@@ -368,7 +368,7 @@ impl Client {
                 let i = self.slot_of(c, cookie)?;
                 self.chunk(c, i, ty, be32(&l), rx)?;
                 if flags & REPLY_FLAG_DONE != 0 {
-                    self.complete(c, i, 0);
+                    self.complete_slot(c, i, 0);
                     return Ok(Some(i));
                 }
                 Ok(None)

@@ -547,6 +547,21 @@ pub(crate) enum SwapIoError {
     NotWritten { slot: u32 },
 }
 
+/// A swap read started ([`SwapIo::swap_read_start`]) and not yet verified.
+#[must_use = "a started read must be ended (its page is being written)"]
+pub(crate) struct SwapRead {
+    slot: u32,
+    want: u64,
+    state: ReadState,
+}
+
+enum ReadState {
+    /// Read already (RAM, file, user devices).
+    Done,
+    /// In flight on an NBD device.
+    Nbd(crate::nbd::Ticket),
+}
+
 /// Per-device I/O counters.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct SwapIoStats {
@@ -605,51 +620,161 @@ impl SwapIo {
     /// Writes `pages` to the contiguous slots from `first` on, in one request
     /// where the device can. On error no slot of the run validates.
     pub(crate) fn swap_writepages(&self, first: u32, pages: &[&[u8]]) -> Result<(), SwapIoError> {
-        let range = first as usize..first as usize + pages.len();
-        for c in &self.csum[range.clone()] {
-            c.store(0, Ordering::Release);
+        let mut ok = [false];
+        let mut err = None;
+        self.swap_writepages_batch(&[(first, pages)], &mut ok, &mut |_, e| {
+            err.get_or_insert(e);
+        });
+        match err {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        // On the stack for a reclaim batch; only a longer run allocates.
-        let (mut stack, mut heap) = ([0u32; 64], Vec::new());
-        let crcs: &mut [u32] = match stack.get_mut(..pages.len()) {
+    }
+
+    /// Writes `runs` (first slot, pages of contiguous slots) together: on an
+    /// NBD device every run's requests are in flight before any reply is
+    /// waited for, on a file with `io_uring` all runs go in one submission.
+    /// `ok[r]` says whether run `r` was written (each slot of a failed run
+    /// stays invalid); `fail(r, error)` reports a failed run once. The
+    /// caller checked that every run is inside the device.
+    pub(crate) fn swap_writepages_batch(
+        &self,
+        runs: &[(u32, &[&[u8]])],
+        ok: &mut [bool],
+        fail: &mut dyn FnMut(usize, SwapIoError),
+    ) {
+        debug_assert_eq!(runs.len(), ok.len());
+        let total: usize = runs.iter().map(|r| r.1.len()).sum();
+        // On the stack for a reclaim batch; only a larger one allocates.
+        let (mut stack, mut heap) = ([0u32; 256], Vec::new());
+        let crcs: &mut [u32] = match stack.get_mut(..total) {
             Some(s) => s,
             None => {
-                heap.resize(pages.len(), 0);
+                heap.resize(total, 0);
                 &mut heap
             }
         };
-        for (c, p) in crcs.iter_mut().zip(pages) {
-            *c = crc32c::crc32c(p);
+        let mut at = 0;
+        for &(first, pages) in runs {
+            for c in &self.csum[first as usize..first as usize + pages.len()] {
+                c.store(0, Ordering::Release);
+            }
+            for p in pages {
+                crcs[at] = crc32c::crc32c(p);
+                at += 1;
+            }
         }
-        let off = first as u64 * PAGE;
-        let r = match &self.backend {
-            Backend::File(f) => f.write_runs(&[(off, pages)]),
-            Backend::Nbd(d) => d.write_pages(off, pages),
-            b => pages
-                .iter()
-                .enumerate()
-                .try_for_each(|(i, p)| b.dev().write(off + i as u64 * PAGE, p)),
+        ok.iter_mut().for_each(|o| *o = true);
+        let mut failed = |r: usize, e: io::Error, ok: &mut [bool]| {
+            if std::mem::replace(&mut ok[r], false) {
+                fail(r, self.io_err(runs[r].0, e));
+            }
         };
-        r.map_err(|e| self.io_err(first, e))?;
-        for (c, &crc) in self.csum[range].iter().zip(crcs.iter()) {
-            c.store(CSUM_VALID | crc as u64, Ordering::Release);
+        match &self.backend {
+            Backend::Nbd(d) => d.write_runs(runs, &mut |r, e| failed(r, e, ok)),
+            Backend::File(f) => {
+                let file_runs: Vec<(u64, &[&[u8]])> =
+                    runs.iter().map(|&(s, p)| (s as u64 * PAGE, p)).collect();
+                if let Err(e) = f.write_runs(&file_runs) {
+                    // One submission: any failure fails every run.
+                    let msg = e.to_string();
+                    for r in 0..runs.len() {
+                        failed(r, io::Error::new(e.kind(), msg.clone()), ok);
+                    }
+                }
+            }
+            b => {
+                for (r, &(first, pages)) in runs.iter().enumerate() {
+                    let off = first as u64 * PAGE;
+                    if let Err(e) = pages
+                        .iter()
+                        .enumerate()
+                        .try_for_each(|(i, p)| b.dev().write(off + i as u64 * PAGE, p))
+                    {
+                        failed(r, e, ok);
+                    }
+                }
+            }
         }
-        self.pswpout
-            .fetch_add(pages.len() as u64, Ordering::Relaxed);
-        Ok(())
+        let mut at = 0;
+        for (&(first, pages), &done) in runs.iter().zip(ok.iter()) {
+            let range = first as usize..first as usize + pages.len();
+            if done {
+                for (c, &crc) in self.csum[range].iter().zip(&crcs[at..]) {
+                    c.store(CSUM_VALID | crc as u64, Ordering::Release);
+                }
+                self.pswpout
+                    .fetch_add(pages.len() as u64, Ordering::Relaxed);
+            }
+            at += pages.len();
+        }
     }
 
     /// Reads `slot` into `page` and verifies its checksum (`swap_read_folio`).
     /// On any error `page` holds no data to be trusted.
     pub(crate) fn swap_readpage(&self, slot: u32, page: &mut [u8]) -> Result<(), SwapIoError> {
+        assert_eq!(page.len(), PAGE_SIZE);
+        // SAFETY: `page` is borrowed mutably until the read ends here.
+        let r = unsafe { self.swap_read_start(slot, page.as_mut_ptr(), true)? };
+        self.swap_read_end(r, page)
+    }
+
+    /// Starts the read of `slot` into the page at `page`: on an NBD device it
+    /// is sent and not waited for, on the other devices it is done now. `block`:
+    /// an NBD device may wait for a free request slot (else an I/O error of
+    /// kind `WouldBlock`, nothing sent: a readahead skips the page).
+    /// [`SwapIo::swap_read_end`] waits and verifies.
+    ///
+    /// # Safety
+    /// `page` is valid for writes of 4096 bytes, and nothing else accesses it,
+    /// until the read is passed to `swap_read_end`; every read started must be.
+    pub(crate) unsafe fn swap_read_start(
+        &self,
+        slot: u32,
+        page: *mut u8,
+        block: bool,
+    ) -> Result<SwapRead, SwapIoError> {
         let want = self.csum[slot as usize].load(Ordering::Acquire);
         if want & CSUM_VALID == 0 {
             return Err(SwapIoError::NotWritten { slot });
         }
-        self.backend
-            .dev()
-            .read(slot as u64 * PAGE, page)
-            .map_err(|e| self.io_err(slot, e))?;
+        let off = slot as u64 * PAGE;
+        let state = match &self.backend {
+            // SAFETY: the caller's contract.
+            Backend::Nbd(d) => match unsafe { d.read_submit(off, page, block) } {
+                Ok(t) => ReadState::Nbd(t),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Err(SwapIoError::Io {
+                        slot,
+                        kind: e.kind(),
+                        msg: e.to_string(),
+                    })
+                }
+                Err(e) => return Err(self.io_err(slot, e)),
+            },
+            b => {
+                // SAFETY: the caller's contract: 4096 bytes ours to write.
+                let buf = unsafe { std::slice::from_raw_parts_mut(page, PAGE_SIZE) };
+                b.dev()
+                    .read(off, buf)
+                    .map_err(|e| self.io_err(slot, e))?;
+                ReadState::Done
+            }
+        };
+        Ok(SwapRead { slot, want, state })
+    }
+
+    /// Waits for a read started by [`SwapIo::swap_read_start`] into `page`
+    /// (the same page) and verifies its checksum. On any error `page` holds
+    /// no data to be trusted.
+    pub(crate) fn swap_read_end(&self, r: SwapRead, page: &[u8]) -> Result<(), SwapIoError> {
+        let SwapRead { slot, want, state } = r;
+        if let ReadState::Nbd(t) = state {
+            let Backend::Nbd(d) = &self.backend else {
+                unreachable!("an NBD read on another device");
+            };
+            d.read_complete(t).map_err(|e| self.io_err(slot, e))?;
+        }
         let found = crc32c::crc32c(page);
         if found != want as u32 {
             self.checksum_errors.fetch_add(1, Ordering::Relaxed);

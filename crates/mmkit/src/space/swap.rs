@@ -3,8 +3,8 @@
 //!
 //! A fault on a swap PTE pins the entry's device once (`SwapDevices::get`;
 //! none, with the PTE unchanged, is a bad entry) and uses it throughout, for
-//! readahead too. Steps 1 to 3 are `Mm::read_swap_cache` (`swap_state.rs`),
-//! the routine the readaheads use as well:
+//! readahead too. Steps 1 to 3 are `Mm::read_swap_cache_start` and `_end`
+//! (`swap_state.rs`), the routine the readaheads use as well:
 //! 1. If the entry's page is in the swap cache, it was read ahead (map it), or
 //!    reclaim is writing it out or another fault is reading it in: wait for
 //!    that page's lock, then retry (the PTE has changed, or the page left the
@@ -18,10 +18,16 @@
 //!    incoming page, so a page written before stays readable.
 //!    The slot's shadow (`workingset.rs`) is read before the page replaces it:
 //!    a refault recent enough joins the active (protected) list at once.
-//! 3. The winner locks its page, publishes it in the swap cache and reads the
-//!    slot (CRC32C verified). A failed read or a checksum mismatch undoes 3 and
-//!    2 and fails the access with [`Error::SwapIo`] / [`Error::SwapCorrupt`]; the
-//!    PTE keeps the swap entry, so a later access retries.
+//! 3. The winner locks its page, publishes it in the swap cache and starts
+//!    the slot's read; then readahead, as the `SwapReadahead` policy says
+//!    (`swap_readahead.rs`): the next slots or the next PTEs' entries are
+//!    read into the swap cache, unmapped, their reads started behind the
+//!    fault's (all in flight together on an NBD device). The fault's read
+//!    is waited for first (CRC32C verified), then the read-ahead ones; a
+//!    later fault on one of those finds it in the cache (step 1) and maps
+//!    it. A failed read or a checksum mismatch undoes 3 and 2 and fails the
+//!    access with [`Error::SwapIo`] / [`Error::SwapCorrupt`]; the PTE keeps
+//!    the swap entry, so a later access retries.
 //! 4. The PTE goes from the swap entry to the page (compare-and-swap) and the
 //!    slot loses the PTE's reference. A read fault keeps the page in the swap
 //!    cache (the slot keeps its copy: reclaim drops the page again without a
@@ -29,16 +35,17 @@
 //!    while the devices are at most half full, mmkit's while the free slots
 //!    cover every resident page without one; a write fault, or a policy that
 //!    says no, takes it out, which frees the slot.
-//!    Then readahead, as the `SwapReadahead` policy says (`swap_state.rs`):
-//!    the next slots or the next PTEs' entries are read into the swap cache,
-//!    unmapped; a later fault on one finds it there (step 1) and maps it.
 //!
 //! Invariants: the PTE leaves the swap entry only by that compare-and-swap, after
 //! the page holds the verified data; a page's reverse map is set before it is
 //! mapped.
 //!
 //! Locking: under the shared VMA lock of the fault; then one page lock at a time
-//! (the address side of the lock order in `rmap.rs`); the swap locks are leaves.
+//! (the address side of the lock order in `rmap.rs`), except while reads are
+//! in flight: the fault's new page and its read-ahead pages are locked
+//! together then, all new pages that nothing reaches but a swap-cache lookup
+//! (which waits for them), and no other page lock is taken until every one
+//! of those reads ended. The swap locks are leaves.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -52,8 +59,9 @@ use crate::page_io::SwapIoError;
 use crate::pgtable::{desc, pt_index, Pte, SwapEntry, Table, PMD_SIZE, TASK_SIZE};
 use crate::rmap::PageGuard;
 use crate::swap_cluster::{MapError, SWAPFILE_CLUSTER};
-use crate::swap_state::{SwapCacheRead, SwapInFail, SwapReadahead};
-use crate::swapfile::{DeviceRef, SwapError, SwapInfoStruct, SwapPins};
+use crate::swap_readahead::{RaBatch, SwapReadahead};
+use crate::swap_state::{SwapCacheRead, SwapCacheStart, SwapInFail};
+use crate::swapfile::{SwapError, SwapInfoStruct};
 use crate::{rmap, Error, Gfp, PAGE_SIZE};
 
 /// Yields the CPU a little more each time (waiting for another fault's read).
@@ -122,12 +130,24 @@ impl SpaceInner {
         // A swap-in is a stall of the space's group (its pressure).
         let _stall = self.memcg().map(|g| crate::memcontrol::Stall::enter(g));
         // 1, 2, 3.
-        let lock = loop {
+        let (lock, ra) = loop {
             if changed() {
                 return Ok(());
             }
-            match mm.read_swap_cache(&dev, entry, Gfp::MOVABLE) {
-                Ok(SwapCacheRead::Read(lock)) => break lock,
+            let mut ra = None;
+            let read = match mm.read_swap_cache_start(&dev, entry, Gfp::MOVABLE, true) {
+                Ok(SwapCacheStart::Started(p)) => {
+                    // The read-ahead reads go out behind this one, which is
+                    // waited for first.
+                    ra = Some(self.swapin_readahead(vmf, pt, &dev, entry));
+                    mm.read_swap_cache_end(&dev, p).map(SwapCacheRead::Read)
+                }
+                Ok(SwapCacheStart::Cached(pfn)) => Ok(SwapCacheRead::Cached(pfn)),
+                Ok(SwapCacheStart::Busy) => Ok(SwapCacheRead::Busy),
+                Err(e) => Err(e),
+            };
+            match read {
+                Ok(SwapCacheRead::Read(lock)) => break (lock, ra),
                 Ok(SwapCacheRead::Cached(pfn)) => {
                     let cached = mm.lock_page(pfn);
                     if !changed()
@@ -155,6 +175,9 @@ impl SpaceInner {
             }
             backoff(&mut spins);
         };
+        // The read-ahead pages' reads end (no other page lock is held while
+        // this one maps).
+        drop(ra);
         // 4.
         let page = lock.pfn();
         if let Some(g) = self.memcg() {
@@ -178,7 +201,6 @@ impl SpaceInner {
         }
         self.swapin_mapped(vmf, &dev, entry, lock);
         mm.page_alloc().count_vm_event(VmEvent::PswpIn, 1);
-        self.swapin_readahead(vmf, pt, dev, entry);
         mm.thrash().note_major_fault(mm, self.id, self.load());
         Ok(())
     }
@@ -364,16 +386,23 @@ impl SpaceInner {
         Ok(())
     }
 
-    /// Linux's `swapin_readahead` after the fault on `entry` was served: with
-    /// `Cluster`, the slots after it in its cluster; with `Vma`, the swap
-    /// entries of the PTEs after the fault's, in the same VMA and page table.
-    /// Each is read into the swap cache unmapped (`Mm::swap_readahead_one`),
-    /// on the fault's device, pinned already (a PTE's entry on another device
-    /// pins that one once).
-    fn swapin_readahead(&self, vmf: &VmFault<'_>, pt: &Table, dev: DeviceRef, entry: SwapEntry) {
+    /// Linux's `swapin_readahead`, started once the fault's own read is in
+    /// flight: with `Cluster`, the slots after `entry` in its cluster; with
+    /// `Vma`, the swap entries of the PTEs after the fault's, in the same VMA
+    /// and page table. Each is read into the swap cache unmapped, the ones on
+    /// the fault's pinned device together (`RaBatch`); the batch's drop
+    /// waits for them.
+    fn swapin_readahead<'a>(
+        &'a self,
+        vmf: &VmFault<'_>,
+        pt: &Table,
+        dev: &'a SwapInfoStruct,
+        entry: SwapEntry,
+    ) -> RaBatch<'a> {
         let mm = &self.mm;
         let ra = mm.swap().ra();
         let va = vmf.addr & !(PAGE - 1);
+        let mut batch = RaBatch::new(mm, dev);
         match ra.policy {
             SwapReadahead::Off => {}
             SwapReadahead::Cluster => {
@@ -381,7 +410,7 @@ impl SpaceInner {
                 let end = (entry.offset() | (u64::from(SWAPFILE_CLUSTER) - 1)) + 1;
                 for off in entry.offset() + 1..(entry.offset() + w).min(end) {
                     if let Some(next) = SwapEntry::new(entry.ty(), off) {
-                        mm.swap_readahead_one(&dev, next);
+                        batch.add(next);
                     }
                 }
             }
@@ -390,20 +419,15 @@ impl SpaceInner {
                 let table_end = (va | (PMD_SIZE - 1)) + 1;
                 let end = (va + w * PAGE).min(vmf.vma.end).min(table_end);
                 // The fault's PTE table stays while its shared VMA lock is held.
-                let mut pins = SwapPins::with(dev);
                 for a in (va + PAGE..end).step_by(PAGE as usize) {
                     let pte = Pte::from_raw(pt[pt_index(a, 0)].load(Ordering::Acquire));
-                    let Some(ra_entry) = pte.swap_entry() else {
-                        continue;
-                    };
-                    // A PTE read without its page lock may be stale: an
-                    // entry of a device gone since is skipped.
-                    if let Some(d) = pins.get(mm.swap(), ra_entry) {
-                        mm.swap_readahead_one(d, ra_entry);
+                    if let Some(ra_entry) = pte.swap_entry() {
+                        batch.add(ra_entry);
                     }
                 }
             }
         }
+        batch
     }
 
     /// Swapoff's walk (Linux's `unuse_mm`): faults back in every page of this

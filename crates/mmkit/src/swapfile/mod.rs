@@ -49,7 +49,8 @@ use crate::page_io::{Backend, FileDevice, RamDevice, SwapIo, SwapIoStats};
 use crate::pgtable::SwapEntry;
 use crate::swap_cluster::{SwapAllocPolicy, SwapMap, SWAPFILE_CLUSTER};
 pub(crate) use crate::swap_device::{DeviceRef, SwapPins, SwapTotals};
-use crate::swap_state::{SwapCache, SwapCacheIndex, SwapRa, SwapReadahead};
+use crate::swap_readahead::{SwapRa, SwapReadahead};
+use crate::swap_state::{SwapCache, SwapCacheIndex};
 use crate::swapon::{Source, SwapDevice};
 use crate::{Error, Mm};
 
