@@ -4,6 +4,11 @@
 //! with `error-rate=1%` and connection cuts (a restarted `nbdkit nbd` proxy),
 //! counting lost pages and wrong bytes.
 //!
+//! "N in flight" is measured two ways: N threads each doing one read at a
+//! time (`SwapBackend::read`), and one thread keeping N reads in flight
+//! (`NbdBackend::read_pages`, the way nbdcopy keeps `--requests` on its
+//! thread).
+//!
 //! Each raw figure comes with the CPU time per read of the client and of the
 //! server, and, where libnbd's `nbdcopy` is installed, nbdcopy's rate on the
 //! same server with as many requests in flight (a ratio taken in one run).
@@ -207,6 +212,42 @@ fn reads(dev: &NbdBackend, server: u32, threads: usize, n: usize) -> Fig {
     }
 }
 
+/// One thread doing `n` random 4 KiB reads with `depth` in flight
+/// (`NbdBackend::read_pages`, as nbdcopy keeps `--requests` in flight on its
+/// one thread per connection). Latency is not seen per read: the mean is
+/// Little's law's (`depth` / rate), p99 is not measured.
+fn reads_window(dev: &NbdBackend, server: u32, depth: usize, n: usize) -> Fig {
+    const CHUNK: usize = 1024;
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let offs: Vec<u64> = (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % (BYTES / PAGE as u64)) * PAGE as u64
+        })
+        .collect();
+    let mut buf = vec![0u8; CHUNK * PAGE];
+    let c0 = cpu(server);
+    let t0 = Instant::now();
+    for o in offs.chunks(CHUNK) {
+        dev.read_pages(o, &mut buf[..o.len() * PAGE], depth).unwrap();
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let c1 = cpu(server);
+    assert!(buf.iter().all(|&b| b == 0x5a), "read_pages returned wrong bytes");
+    let ops = n as f64;
+    Fig {
+        ops_per_s: ops / secs,
+        mean_us: depth as f64 * 1e6 * secs / ops,
+        p99_us: f64::NAN,
+        client_us_per_op: (c1.client_us - c0.client_us) / ops,
+        server_us_per_op: (c1.server_us - c0.server_us) / ops,
+        vcsw_per_op: (c1.vcsw - c0.vcsw) / ops,
+        server_cs_per_op: (c1.server_cs - c0.server_cs) / ops,
+    }
+}
+
 /// libnbd's nbdcopy reading the whole export with `requests` in flight on
 /// one connection, 4 KiB each: (reads/s, its CPU us/op, the server's).
 fn nbdcopy(srv: &Srv, requests: usize) -> Option<(f64, f64, f64)> {
@@ -280,10 +321,22 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// `rounds` rounds of `threads` x `n` random reads by mmkit, each followed
 /// by nbdcopy reading the export with `threads` requests in flight; every
 /// round printed, then the medians and the median of the rounds' ratios.
-fn compare(srv: &Srv, dev: &NbdBackend, threads: usize, n: usize, rounds: usize, copy: bool) {
+/// `window`: one thread keeps `threads` reads in flight (`reads_window`)
+/// instead of `threads` threads doing one read each at a time.
+fn compare(
+    srv: &Srv,
+    dev: &NbdBackend,
+    (threads, window): (usize, bool),
+    n: usize,
+    rounds: usize,
+    copy: bool,
+) {
     let (mut ours, mut theirs, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..rounds {
-        let f = reads(dev, srv.0.id(), threads, n);
+        let f = match window {
+            false => reads(dev, srv.0.id(), threads, n),
+            true => reads_window(dev, srv.0.id(), threads, n * threads),
+        };
         println!("  round {r}: mmkit {f}");
         ours.push(f.ops_per_s);
         if let Some((rate, cc, sc)) = copy.then(|| nbdcopy(srv, threads)).flatten() {
@@ -296,8 +349,12 @@ fn compare(srv: &Srv, dev: &NbdBackend, threads: usize, n: usize, rounds: usize,
     }
     let mean_us = |rate: f64| threads as f64 * 1e6 / rate;
     let m = median(ours);
+    let how = match window {
+        false => format!("{threads} threads"),
+        true => "one thread".to_string(),
+    };
     print!(
-        "{threads} in flight: mmkit {m:.0} reads/s ({:.1} us per read)",
+        "{threads} in flight ({how}): mmkit {m:.0} reads/s ({:.1} us per read)",
         mean_us(m)
     );
     if theirs.is_empty() {
@@ -318,8 +375,9 @@ fn raw_nodelay(dir: &Path, size: &str, have_copy: bool) {
     fill(&dev);
     let _ = reads(&dev, srv.0.id(), 1, 2000);
     let pages = (BYTES / PAGE as u64) as usize;
-    compare(&srv, &dev, 1, pages, 5, have_copy);
-    compare(&srv, &dev, 16, pages / 16, 5, have_copy);
+    compare(&srv, &dev, (1, false), pages, 5, have_copy);
+    compare(&srv, &dev, (16, false), pages / 16, 5, have_copy);
+    compare(&srv, &dev, (16, true), pages / 16, 5, have_copy);
     println!("{:?}", dev.stats());
 }
 
@@ -341,7 +399,8 @@ fn raw_delay(dir: &Path, size: &str, have_copy: bool) {
     fill(&dev);
     let pages = (BYTES / PAGE as u64) as usize;
     println!("delay-read=1ms:");
-    compare(&srv, &dev, 64, pages / 64, 3, have_copy);
+    compare(&srv, &dev, (64, false), pages / 64, 3, have_copy);
+    compare(&srv, &dev, (64, true), pages / 64, 3, have_copy);
 }
 
 fn chaos(dir: &Path, ops: u64, cuts: u32) {

@@ -86,7 +86,7 @@ pub use mmkit_core::{
     MAX_ORDER, PAGEBLOCK_ORDER, PAGE_SIZE,
 };
 pub use mmkit_core::{NodeReq, NumaStats};
-pub use nbd::{NbdBackend, NbdStats};
+pub use nbd::{NbdBackend, NbdStats, NBD_READ_DEPTH_MAX};
 pub use numa::NodeAccesses;
 pub use numa_balancing::{
     should_numa_migrate_memory, Cpupid, GroupFaults, MigrateFail, MigrateQuery, NumabStats,

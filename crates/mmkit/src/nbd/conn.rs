@@ -110,6 +110,8 @@ pub(super) struct Link {
     pub(super) up: bool,
     pub(super) df: bool,
     iov: IoVecs,
+    /// Request headers of one `submit_reads`.
+    hdrs: Box<[[u8; 28]]>,
 }
 
 struct FreeStack {
@@ -167,6 +169,7 @@ impl Conn {
                 up: false,
                 df: false,
                 iov: IoVecs(vec![iov; MAX_IOV_PAGES + 1].into_boxed_slice()),
+                hdrs: vec![[0; 28]; NR_SLOTS].into_boxed_slice(),
             }),
             link_cv: Condvar::new(),
             shut_fd: Mutex::new(-1),
@@ -326,16 +329,16 @@ impl Client {
         Ok(i)
     }
 
-    /// Sends the request of slot `i` (and `pages`, for a write) once the link
-    /// is up; the slot is then `InFlight`.
-    fn send(&self, c: &Conn, i: usize, pages: &[&[u8]], deadline: Instant) -> io::Result<()> {
+    /// The link of `c` once it is up (waiting for a reconnect until
+    /// `deadline`).
+    fn link_up<'c>(&self, c: &'c Conn, deadline: Instant) -> io::Result<MutexGuard<'c, Link>> {
         let mut l = c.link.lock();
         loop {
             if self.lost.load(Ordering::Acquire) {
                 return Err(lost_err());
             }
             if l.up {
-                break;
+                return Ok(l);
             }
             if self.stop.load(Ordering::Acquire) {
                 return Err(io::Error::other("NBD device is going away"));
@@ -344,19 +347,29 @@ impl Client {
                 return Err(timed_out("reconnect"));
             }
         }
-        let h = {
-            let mut s = c.slots[i].st.lock();
-            s.phase = Phase::InFlight;
-            s.covered = 0;
-            s.err = 0;
-            let flags = if s.cmd == CMD_READ && l.df {
-                CMD_FLAG_DF
-            } else {
-                0
-            };
-            let cookie = (s.gen as u64) << 32 | i as u64;
-            request(flags, s.cmd, cookie, s.offset, s.len)
+    }
+
+    /// Slot `i` goes `InFlight` on a link (`df`: it takes `NBD_CMD_FLAG_DF`):
+    /// its request header.
+    fn in_flight(&self, c: &Conn, df: bool, i: usize) -> [u8; 28] {
+        let mut s = c.slots[i].st.lock();
+        s.phase = Phase::InFlight;
+        s.covered = 0;
+        s.err = 0;
+        let flags = if s.cmd == CMD_READ && df {
+            CMD_FLAG_DF
+        } else {
+            0
         };
+        let cookie = (s.gen as u64) << 32 | i as u64;
+        request(flags, s.cmd, cookie, s.offset, s.len)
+    }
+
+    /// Sends the request of slot `i` (and `pages`, for a write) once the link
+    /// is up; the slot is then `InFlight`.
+    fn send(&self, c: &Conn, i: usize, pages: &[&[u8]], deadline: Instant) -> io::Result<()> {
+        let mut l = self.link_up(c, deadline)?;
+        let h = self.in_flight(c, l.df, i);
         let fd = l.fd;
         let iov = &mut l.iov.0;
         iov[0] = libc::iovec {
@@ -376,6 +389,78 @@ impl Client {
             c.shutdown();
         }
         Ok(())
+    }
+
+    /// Sends the reads `reqs` (export offset, destination, length) on
+    /// connection `ci`, all in one `sendmsg`, and hands each one's ticket to
+    /// `out(k, ticket)`: those from the first on for which a request slot is
+    /// free (`block`: the first may wait for one). Returns how many were
+    /// sent; `WouldBlock` when none could be.
+    ///
+    /// # Safety
+    /// As [`Client::submit_read`], for every destination.
+    pub(crate) unsafe fn submit_reads(
+        &self,
+        ci: usize,
+        reqs: &[(u64, *mut u8, usize)],
+        block: bool,
+        out: &mut dyn FnMut(usize, Ticket),
+    ) -> io::Result<usize> {
+        let c = &self.conns[ci];
+        let deadline = Instant::now() + self.timeout;
+        let mut slots = [0u16; NR_SLOTS];
+        let mut n = 0;
+        for (k, &(offset, buf, len)) in reqs.iter().take(NR_SLOTS).enumerate() {
+            let i = match self.get_slot(c, deadline, block && k == 0) {
+                Ok(i) => i,
+                Err(e) if k == 0 => return Err(e),
+                Err(_) => break,
+            };
+            let mut s = c.slots[i].st.lock();
+            s.cmd = CMD_READ;
+            s.offset = offset;
+            s.len = len as u32;
+            s.buf = BufPtr(buf);
+            slots[n] = i as u16;
+            n += 1;
+        }
+        let mut l = match self.link_up(c, deadline) {
+            Ok(l) => l,
+            Err(e) => {
+                slots[..n].iter().for_each(|&i| c.put_slot(i as usize));
+                return Err(e);
+            }
+        };
+        let l = &mut *l;
+        for (h, &i) in l.hdrs.iter_mut().zip(&slots[..n]) {
+            *h = self.in_flight(c, l.df, i as usize);
+        }
+        for (v, h) in l.iov.0.iter_mut().zip(&l.hdrs[..n]) {
+            *v = libc::iovec {
+                iov_base: h.as_ptr() as *mut libc::c_void,
+                iov_len: h.len(),
+            };
+        }
+        if sendv_all(l.fd, &mut l.iov.0[..n]).is_err() {
+            // The watcher resets the connection and settles the slots.
+            c.shutdown();
+        }
+        for (k, &i) in slots[..n].iter().enumerate() {
+            out(
+                k,
+                Ticket {
+                    ci,
+                    i: i as usize,
+                    deadline,
+                },
+            );
+        }
+        Ok(n)
+    }
+
+    /// Whether the request of `t` has its reply (completing it will not wait).
+    pub(crate) fn is_done(&self, t: &Ticket) -> bool {
+        self.conns[t.ci].slots[t.i].st.lock().phase == Phase::Done
     }
 
     fn wait(&self, c: &Conn, i: usize, deadline: Instant) -> Outcome {

@@ -24,6 +24,8 @@
 //! `swapon` on; the read and write paths allocate nothing. Locking: see
 //! `conn` and `trim`; this file holds none of its own.
 
+mod batch;
+pub use batch::NBD_READ_DEPTH_MAX;
 mod conn;
 mod proto;
 mod reader;
@@ -38,7 +40,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use conn::{Client, MAX_IOV_PAGES, NR_SLOTS};
+use conn::{Client, NR_SLOTS};
 pub(crate) use conn::Ticket;
 use proto::{ExportInfo, CMD_READ, CMD_WRITE};
 use reader::sync_io;
@@ -54,7 +56,7 @@ const STRIPE: u64 = 512;
 pub const NBD_MAX_CONNECTIONS: usize = 4;
 /// Writes one caller has in flight at most (below a connection's request
 /// slots, so a batch never holds all of them).
-pub(crate) const WRITE_BATCH: usize = NR_SLOTS / 2;
+const WRITE_BATCH: usize = NR_SLOTS / 2;
 /// The default deadline of a request.
 pub const NBD_DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 const HEADER_MAGIC: &[u8; 16] = b"mmkit-nbd-swap-1";
@@ -308,66 +310,6 @@ impl NbdBackend {
         err.map_or(Ok(()), Err)
     }
 
-    /// Writes `runs` (first slot, whole pages of contiguous slots): every
-    /// request of every run is sent before any reply is waited for (up to
-    /// [`WRITE_BATCH`] in flight), so a batch costs about one round trip.
-    /// `fail(run, error)` is called for each request of a run that failed
-    /// (so at least once for a run that did not reach the server whole).
-    /// Allocates nothing.
-    pub(crate) fn write_runs(&self, runs: &[(u32, &[&[u8]])], fail: &mut dyn FnMut(usize, io::Error)) {
-        let mut q = TicketQueue::new();
-        for (r, &(first, pages)) in runs.iter().enumerate() {
-            let check = if pages.iter().any(|p| p.len() as u64 != PAGE) {
-                Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "NBD writes whole pages",
-                ))
-            } else {
-                self.check(first as u64 * PAGE, pages.len() * PAGE as usize)
-            };
-            if let Err(e) = check {
-                fail(r, e);
-                continue;
-            }
-            if let Some(t) = &self.trim {
-                t.before_write(first, pages.len() as u32);
-            }
-            let mut done = 0usize;
-            while done < pages.len() {
-                let slot = first as u64 + done as u64;
-                let to_stripe = (STRIPE - slot % STRIPE) as usize;
-                let n = (pages.len() - done).min(to_stripe).min(MAX_IOV_PAGES);
-                let ci = self.conn_of(slot);
-                let off = (slot + 1) * PAGE;
-                let sent = loop {
-                    match self.cl.submit_write(ci, off, &pages[done..done + n], q.is_empty()) {
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            q.complete_oldest(&self.cl, fail);
-                        }
-                        r => break r,
-                    }
-                };
-                match sent {
-                    Ok(t) => {
-                        if q.is_full() {
-                            q.complete_oldest(&self.cl, fail);
-                        }
-                        q.push(r, t);
-                    }
-                    Err(e) => {
-                        // The rest of this run is not sent: it failed.
-                        fail(r, e);
-                        break;
-                    }
-                }
-                done += n;
-            }
-        }
-        while !q.is_empty() {
-            q.complete_oldest(&self.cl, fail);
-        }
-    }
-
     /// Sends the read of one page at swap-area offset `offset` into `buf`
     /// and returns without waiting: the ticket to [`NbdBackend::read_complete`].
     /// `block`: wait for a free request slot (else `WouldBlock`).
@@ -425,46 +367,6 @@ impl NbdBackend {
     /// Does the server take trims?
     pub fn can_trim(&self) -> bool {
         self.trim.is_some()
-    }
-}
-
-/// A caller's writes in flight, oldest first, with the run each belongs to
-/// (a ring on the stack).
-struct TicketQueue {
-    q: [Option<(usize, Ticket)>; WRITE_BATCH],
-    head: usize,
-    n: usize,
-}
-
-impl TicketQueue {
-    fn new() -> TicketQueue {
-        TicketQueue {
-            q: std::array::from_fn(|_| None),
-            head: 0,
-            n: 0,
-        }
-    }
-    fn is_empty(&self) -> bool {
-        self.n == 0
-    }
-    fn is_full(&self) -> bool {
-        self.n == WRITE_BATCH
-    }
-    fn push(&mut self, run: usize, t: Ticket) {
-        debug_assert!(!self.is_full());
-        self.q[(self.head + self.n) % WRITE_BATCH] = Some((run, t));
-        self.n += 1;
-    }
-    /// Waits for the oldest write; a failure is reported for its run.
-    fn complete_oldest(&mut self, cl: &Client, fail: &mut dyn FnMut(usize, io::Error)) {
-        let Some((run, t)) = self.q[self.head].take() else {
-            return;
-        };
-        self.head = (self.head + 1) % WRITE_BATCH;
-        self.n -= 1;
-        if let Err(e) = cl.complete(t) {
-            fail(run, e);
-        }
     }
 }
 
