@@ -4,6 +4,12 @@
 //! watcher thread per connection (`reader.rs`) that notices a broken
 //! connection, settles its slots and reconnects with backoff.
 //!
+//! Submit, then wait: a request is sent (`submit_read`, `submit_write`, or
+//! many reads in one `sendmsg`, `submit_reads`) and returns a `Ticket` (its
+//! connection and slot) without waiting for the reply; `complete` waits for
+//! it later, so one caller can have many requests in flight (`batch.rs`).
+//! A caller that holds tickets submits without blocking for a request slot.
+//!
 //! Receiving (leader/follower): a caller waiting for its reply takes the
 //! connection's `rx` lock if it is free and receives replies, simple or
 //! structured, straight into the buffers of whichever callers they are for,
@@ -23,10 +29,11 @@
 //! arrives (the payload drained) or when the connection resets.
 //!
 //! Invariants: a receiver writes into a caller's buffer only in `Receiving`,
-//! which it enters from `InFlight` under the slot lock; a caller returns only
-//! from `Done`, `Ready`/`Resend` (never sent or handed back) or after turning
-//! `InFlight` into `Cancelled`: so no reply ever lands in a buffer after its
-//! owner returned. A caller sleeping on an `InFlight` slot counts in
+//! which it enters from `InFlight` under the slot lock; `complete` returns
+//! only from `Done`, `Ready`/`Resend` (never sent or handed back) or after
+//! turning `InFlight` into `Cancelled`, and every ticket is completed before
+//! its read's buffer goes: so no reply ever lands in a buffer after its
+//! owner is done with it. A caller sleeping on an `InFlight` slot counts in
 //! `sleepers` (with `sleeping` set under its slot lock) before it tries
 //! `rx`, and a receiver that lets go of `rx` then wakes a sleeper: one of the
 //! two sees the other (a SeqCst fence on both sides), so replies never sit

@@ -2,8 +2,9 @@
 //! protocol, served by nbdkit, nbd-server, qemu-storage-daemon...). mmkit's own
 //! client: fixed-newstyle negotiation (`uri`, `proto`), many requests in flight
 //! on 1-4 connections, replies received by the callers themselves and a
-//! watcher thread each for reconnects (`conn`), and trims of freed
-//! slots (`trim`).
+//! watcher thread each for reconnects (`conn`), one caller's many requests
+//! in flight at once (`batch`: pageout's write runs, windows of reads), and
+//! trims of freed slots (`trim`).
 //!
 //! Layout on the export: page 0 is the header (a magic, a random epoch made at
 //! `swapon`, the swap size), slot `s` is at `4096 * (s + 1)`. Slots go to
