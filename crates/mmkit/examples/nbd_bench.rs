@@ -231,11 +231,15 @@ fn reads_window(dev: &NbdBackend, server: u32, depth: usize, n: usize) -> Fig {
     let c0 = cpu(server);
     let t0 = Instant::now();
     for o in offs.chunks(CHUNK) {
-        dev.read_pages(o, &mut buf[..o.len() * PAGE], depth).unwrap();
+        dev.read_pages(o, &mut buf[..o.len() * PAGE], depth)
+            .unwrap();
     }
     let secs = t0.elapsed().as_secs_f64();
     let c1 = cpu(server);
-    assert!(buf.iter().all(|&b| b == 0x5a), "read_pages returned wrong bytes");
+    assert!(
+        buf.iter().all(|&b| b == 0x5a),
+        "read_pages returned wrong bytes"
+    );
     let ops = n as f64;
     Fig {
         ops_per_s: ops / secs,

@@ -55,7 +55,6 @@ impl Deref for DeviceRef {
 pub(crate) struct SwapPins(Vec<DeviceRef>);
 
 impl SwapPins {
-
     /// Adds `dev` (pinned by `get_swap_pages`) unless it is in already.
     pub(crate) fn add(&mut self, dev: DeviceRef) {
         if !self.0.iter().any(|d| Arc::ptr_eq(&d.0, &dev.0)) {
@@ -255,7 +254,8 @@ impl SwapInfoStruct {
             }
         }
         let mut done = vec![false; slots.len()];
-        self.io.swap_writepages_batch(&slots, &mut done, &mut |_, _| {});
+        self.io
+            .swap_writepages_batch(&slots, &mut done, &mut |_, _| {});
         for (&r, d) in idx.iter().zip(done) {
             ok[r] = d;
         }

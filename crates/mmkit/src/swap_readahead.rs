@@ -127,7 +127,6 @@ impl SwapRa {
     }
 }
 
-
 /// Read-ahead reads of one fault at most.
 const RA_BATCH: usize = SWAP_RA_MAX as usize - 1;
 
@@ -291,5 +290,4 @@ impl Mm {
         }
         freed
     }
-
 }

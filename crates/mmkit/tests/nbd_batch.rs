@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use mmkit::{
-    MapFlags, Mm, NbdBackend, SwapBackend, SwapDevice, SwapReadahead, VmEvent,
-    NBD_READ_DEPTH_MAX, PAGE_SIZE,
+    MapFlags, Mm, NbdBackend, SwapBackend, SwapDevice, SwapReadahead, VmEvent, NBD_READ_DEPTH_MAX,
+    PAGE_SIZE,
 };
 use nbd_servers::{have, skip, Server};
 
@@ -64,7 +64,11 @@ fn read_windows(dev: &NbdBackend, threads: u64, rounds: usize) -> u64 {
                         }
                         for (k, off) in offs.iter().enumerate() {
                             let got = &b[k * PAGE as usize..(k + 1) * PAGE as usize];
-                            assert!(got == pattern(off / PAGE), "slot {} at depth {depth}", off / PAGE);
+                            assert!(
+                                got == pattern(off / PAGE),
+                                "slot {} at depth {depth}",
+                                off / PAGE
+                            );
                         }
                     }
                     failed
@@ -101,7 +105,10 @@ fn read_pages_windows_read_what_was_written() {
 #[test]
 fn read_pages_error_replies_never_return_wrong_bytes() {
     if !have("nbdkit") {
-        return skip("read_pages_error_replies_never_return_wrong_bytes", "nbdkit");
+        return skip(
+            "read_pages_error_replies_never_return_wrong_bytes",
+            "nbdkit",
+        );
     }
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("errors-on");
@@ -206,7 +213,9 @@ fn readahead_and_write_runs_on_nbd() {
         let free0 = mm.nr_free_pages();
         let id = mm.swapon(SwapDevice::nbd(srv.uri(""), 128 << 20)).unwrap();
         let s = mm.new_space().unwrap();
-        let a = s.mmap(pages as usize * PAGE_SIZE, MapFlags::empty()).unwrap();
+        let a = s
+            .mmap(pages as usize * PAGE_SIZE, MapFlags::empty())
+            .unwrap();
         let word = |i: u64| a + i * PAGE + (i % 512) * 8;
         for i in 0..pages {
             s.write(word(i), &(i ^ 0xa5).to_le_bytes()).unwrap();

@@ -52,7 +52,9 @@ impl<const N: usize> TicketQueue<N> {
     }
     /// The oldest request, if its reply is in (completing it will not wait).
     fn oldest_done(&self, cl: &Client) -> bool {
-        self.q[self.head].as_ref().is_some_and(|(_, t)| cl.is_done(t))
+        self.q[self.head]
+            .as_ref()
+            .is_some_and(|(_, t)| cl.is_done(t))
     }
     /// Waits for the oldest request; a failure is reported for its number.
     fn complete_oldest(&mut self, cl: &Client, fail: &mut dyn FnMut(usize, io::Error)) {
@@ -74,7 +76,11 @@ impl NbdBackend {
     /// `fail(run, error)` is called for each request of a run that failed
     /// (so at least once for a run that did not reach the server whole).
     /// Allocates nothing.
-    pub(crate) fn write_runs(&self, runs: &[(u32, &[&[u8]])], fail: &mut dyn FnMut(usize, io::Error)) {
+    pub(crate) fn write_runs(
+        &self,
+        runs: &[(u32, &[&[u8]])],
+        fail: &mut dyn FnMut(usize, io::Error),
+    ) {
         let mut q = TicketQueue::<WRITE_BATCH>::new();
         for (r, &(first, pages)) in runs.iter().enumerate() {
             let check = if pages.iter().any(|p| p.len() as u64 != PAGE) {
@@ -100,7 +106,10 @@ impl NbdBackend {
                 let ci = self.conn_of(slot);
                 let off = (slot + 1) * PAGE;
                 let sent = loop {
-                    match self.cl.submit_write(ci, off, &pages[done..done + n], q.is_empty()) {
+                    match self
+                        .cl
+                        .submit_write(ci, off, &pages[done..done + n], q.is_empty())
+                    {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                             q.complete_oldest(&self.cl, fail);
                         }
@@ -180,9 +189,10 @@ impl NbdBackend {
                 // mutably for the whole call; every ticket is completed
                 // before the call returns.
                 let sent = unsafe {
-                    self.cl.submit_reads(ci, &reqs[..nunsent[ci]], q.is_empty(), &mut |k, t| {
-                        q.push(pages[k] as usize, t)
-                    })
+                    self.cl
+                        .submit_reads(ci, &reqs[..nunsent[ci]], q.is_empty(), &mut |k, t| {
+                            q.push(pages[k] as usize, t)
+                        })
                 };
                 match sent {
                     Ok(m) => {

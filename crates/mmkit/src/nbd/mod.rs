@@ -41,8 +41,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use conn::{Client, NR_SLOTS};
 pub(crate) use conn::Ticket;
+use conn::{Client, NR_SLOTS};
 use proto::{ExportInfo, CMD_READ, CMD_WRITE};
 use reader::sync_io;
 use trim::TrimState;
@@ -328,8 +328,13 @@ impl NbdBackend {
         let slot = offset / PAGE;
         // SAFETY: the caller's contract.
         unsafe {
-            self.cl
-                .submit_read(self.conn_of(slot), (slot + 1) * PAGE, buf, PAGE as usize, block)
+            self.cl.submit_read(
+                self.conn_of(slot),
+                (slot + 1) * PAGE,
+                buf,
+                PAGE as usize,
+                block,
+            )
         }
     }
 
