@@ -81,22 +81,30 @@ impl NbdBackend {
         runs: &[(u32, &[&[u8]])],
         fail: &mut dyn FnMut(usize, io::Error),
     ) {
-        let mut q = TicketQueue::<WRITE_BATCH>::new();
-        for (r, &(first, pages)) in runs.iter().enumerate() {
-            let check = if pages.iter().any(|p| p.len() as u64 != PAGE) {
-                Err(io::Error::new(
+        let check = |first: u32, pages: &[&[u8]]| {
+            if pages.iter().any(|p| p.len() as u64 != PAGE) {
+                return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
                     "NBD writes whole pages",
-                ))
-            } else {
-                self.check(first as u64 * PAGE, pages.len() * PAGE as usize)
-            };
-            if let Err(e) = check {
+                ));
+            }
+            self.check(first as u64 * PAGE, pages.len() * PAGE as usize)
+        };
+        // Trims of these slots out of the way first, while no ticket is held:
+        // a writer that waits for the trimmer must not hold request slots the
+        // trimmer may be waiting for.
+        if let Some(t) = &self.trim {
+            for &(first, pages) in runs {
+                if check(first, pages).is_ok() {
+                    t.before_write(first, pages.len() as u32);
+                }
+            }
+        }
+        let mut q = TicketQueue::<WRITE_BATCH>::new();
+        for (r, &(first, pages)) in runs.iter().enumerate() {
+            if let Err(e) = check(first, pages) {
                 fail(r, e);
                 continue;
-            }
-            if let Some(t) = &self.trim {
-                t.before_write(first, pages.len() as u32);
             }
             let mut done = 0usize;
             while done < pages.len() {
