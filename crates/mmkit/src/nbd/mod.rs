@@ -108,6 +108,9 @@ pub struct NbdStats {
 pub struct NbdBackend {
     cl: Arc<Client>,
     trim: Option<Arc<TrimState>>,
+    /// The trimmer thread (with `trim`), joined first on drop.
+    trimmer: Option<JoinHandle<()>>,
+    /// One watcher per connection.
     threads: Vec<JoinHandle<()>>,
     nr_slots: u32,
     structured: bool,
@@ -222,6 +225,7 @@ impl NbdBackend {
         let mut dev = NbdBackend {
             cl,
             trim: None,
+            trimmer: None,
             threads,
             nr_slots: (bytes / PAGE) as u32,
             structured: info.structured,
@@ -229,18 +233,15 @@ impl NbdBackend {
         if let Some(t) = trim {
             let (c, t2) = (dev.cl.clone(), t.clone());
             let n = dev.cl.conns.len() as u64;
-            dev.threads
-                .push(
-                    std::thread::Builder::new()
-                        .name("nbd-trim".into())
-                        .spawn(move || {
-                            t2.run(|slot, run| {
-                                let ci = ((slot as u64 / STRIPE) % n) as usize;
-                                let off = (slot as u64 + 1) * PAGE;
-                                let _ = c.trim(ci, off, run * PAGE as u32);
-                            })
-                        })?,
-                );
+            dev.trimmer = Some(std::thread::Builder::new().name("nbd-trim".into()).spawn(
+                move || {
+                    t2.run(|slot, run| {
+                        let ci = ((slot as u64 / STRIPE) % n) as usize;
+                        let off = (slot as u64 + 1) * PAGE;
+                        let _ = c.trim(ci, off, run * PAGE as u32);
+                    })
+                },
+            )?);
             dev.trim = Some(t);
         }
         Ok(dev)
@@ -439,8 +440,14 @@ impl crate::Mm {
 
 impl Drop for NbdBackend {
     fn drop(&mut self) {
+        // The trimmer waits for each trim's reply (each has a deadline): joined
+        // before the disconnect, no trim is in flight when the sockets close,
+        // and the server never writes a reply into a closed connection.
         if let Some(t) = &self.trim {
             t.stop();
+        }
+        if let Some(t) = self.trimmer.take() {
+            let _ = t.join();
         }
         self.cl.shutdown_all();
         for t in self.threads.drain(..) {
