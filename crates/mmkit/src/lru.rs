@@ -72,6 +72,19 @@ pub(crate) const MAX_LRU_SHARDS: usize = 16;
 /// A shard holds whole blocks of this order (2 MiB).
 const SHARD_BLOCK_ORDER: u32 = 9;
 
+/// How a batch operation finds the group of each frame's owner id.
+#[derive(Clone, Copy)]
+enum Owners<'g> {
+    /// Each frame is one its owner's spaces still hold (the unmap's flush):
+    /// the lock-free lookup serves.
+    Held,
+    /// The frames may be stale entries (an `lru_add` batch): their owners'
+    /// groups are looked up with a reference held, except the one given,
+    /// which the caller holds (ids are unique among live groups, and the
+    /// entry's owner is checked again under the lock).
+    Stale(Option<&'g crate::memcontrol::MemCgInner>),
+}
+
 /// The lists of one memory cgroup (or the root) on every node: Linux's
 /// lruvecs of one memcg, each split into the LRU's shards.
 pub(crate) struct Lruvec {
@@ -395,7 +408,7 @@ impl Lru {
         let cpu = StdPlatform::cpu_id() % self.batches.len();
         let mut b = self.batches[cpu].lock();
         if !b.is_empty() {
-            self.add_batch(mm, &b);
+            self.add_batch(mm, &b, None);
             b.clear();
         }
     }
@@ -404,7 +417,16 @@ impl Lru {
     /// draining it to the lists (one LRU lock hold) when it is full. The first
     /// page starts with the policy state `first`, the others with `rest`
     /// (`lru_policy::LRU_*`; `LRU_ACTIVATE` links it on the active list).
-    pub(crate) fn lru_cache_add(&self, mm: &Mm, pfns: &[Pfn], first: u8, rest: u8) {
+    /// `held`: the group the caller charged the pages to (it holds a
+    /// reference), whose lists a drain then finds without a lookup.
+    pub(crate) fn lru_cache_add(
+        &self,
+        mm: &Mm,
+        pfns: &[Pfn],
+        first: u8,
+        rest: u8,
+        held: Option<&crate::memcontrol::MemCgInner>,
+    ) {
         for (i, &p) in pfns.iter().enumerate() {
             // Before the flag: a drain that sees the flag sees the state.
             self.links
@@ -415,7 +437,7 @@ impl Lru {
         let mut b = self.batches[cpu].lock();
         b.extend(pfns.iter().map(|p| p.get() as u32));
         if b.len() >= LRU_ADD_BATCH {
-            self.add_batch(mm, &b);
+            self.add_batch(mm, &b, held);
             b.clear();
         }
     }
@@ -425,7 +447,7 @@ impl Lru {
         for b in self.batches.iter() {
             let mut b = b.lock();
             if !b.is_empty() {
-                self.add_batch(mm, &b);
+                self.add_batch(mm, &b, None);
                 b.clear();
             }
         }
@@ -434,8 +456,8 @@ impl Lru {
     /// Links the pages of a batch that are still mapped and not yet on a list to
     /// the head of their node's inactive list (the active one for a page
     /// queued with `LRU_ACTIVATE`), one lock hold per node.
-    fn add_batch(&self, mm: &Mm, pfns: &[u32]) {
-        self.per_set(mm, pfns, true, |l, pfn, owner| {
+    fn add_batch(&self, mm: &Mm, pfns: &[u32], held: Option<&crate::memcontrol::MemCgInner>) {
+        self.per_set(mm, pfns, Owners::Stale(held), |l, pfn, owner| {
             let d = desc(mm, Pfn::new(pfn as u64));
             // Still queued: not freed (and perhaps reallocated) since; and
             // the lists locked are its owner's (a stale entry of a frame
@@ -460,15 +482,13 @@ impl Lru {
 
     /// Runs `f` on each pfn under its list set's lock, taking each lock once
     /// (the pfns of one batch share a few sets).
-    /// `safe`: the frames may be stale entries (an `lru_add` batch), so their
-    /// owners' groups are looked up with a reference held; otherwise each
-    /// frame is one its owner's spaces still hold (the unmap's flush), and the
-    /// lock-free lookup serves. `f` gets the owner the run was keyed by.
+    /// `owners` says how to find a run's group (see [`Owners`]). `f` gets the
+    /// owner the run was keyed by.
     fn per_set(
         &self,
         mm: &Mm,
         pfns: &[u32],
-        safe: bool,
+        owners: Owners<'_>,
         mut f: impl FnMut(&mut Locked<'_>, u32, u16),
     ) {
         // One word per key (owner above the set), as cheap to sort as the
@@ -483,11 +503,17 @@ impl Lru {
         keyed.sort_unstable_by_key(|&(k, _)| k);
         for run in keyed.chunk_by(|a, b| a.0 == b.0) {
             let (owner, set) = ((run[0].0 >> 32) as u16, run[0].0 as u32 as usize);
-            let held = (safe && owner != 0).then(|| mm.memcg().get(owner));
-            let vec = match &held {
-                Some(Some(g)) => VecRef::Group(g),
-                Some(None) => continue, // its group is gone: nothing of it is linkable
-                None => self.vec_of_owner(mm, owner),
+            let looked_up;
+            let vec = match owners {
+                Owners::Stale(Some(h)) if h.id == owner => VecRef::Group(h),
+                Owners::Stale(_) if owner != 0 => match mm.memcg().get(owner) {
+                    Some(g) => {
+                        looked_up = g;
+                        VecRef::Group(&looked_up)
+                    }
+                    None => continue, // its group is gone: nothing of it is linkable
+                },
+                _ => self.vec_of_owner(mm, owner),
             };
             let mut l = self.lock(mm, vec.get(self), set);
             for &(_, p) in run {
@@ -500,7 +526,7 @@ impl Lru {
     /// Linux's `__folio_put` -> `lruvec_del_folio`), one lock hold per node.
     /// Their reverse maps are already cleared.
     pub(crate) fn remove_batch(&self, mm: &Mm, pfns: &[u32]) {
-        self.per_set(mm, pfns, false, |l, pfn, _| {
+        self.per_set(mm, pfns, Owners::Held, |l, pfn, _| {
             if l.del(pfn).is_some() {
                 desc(mm, Pfn::new(pfn as u64)).clear_flag(PG_LRU);
             }

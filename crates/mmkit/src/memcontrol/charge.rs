@@ -18,8 +18,9 @@
 //! never leaves `current` above `max` (the counter's compare-and-swap); an
 //! uncharge takes exactly what the matching charge added (a huge page 512).
 //!
-//! Locking: a CPU's stock mutex, then (to drain an evicted slot) the group
-//! table's read lock; reclaim and the throttle sleep run with neither held.
+//! Locking: none on the charge path: the stock is lock-free (`stock.rs`),
+//! the counters are atomics; reclaim and the throttle sleep run with no
+//! memcg lock held.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -28,143 +29,85 @@ use mmkit_core::page_counter::PageCounter;
 use mmkit_core::Platform;
 
 use super::stat::{Event, Stall};
+use super::stock::{Refilled, Taken};
 use super::{to_bytes, MemCgInner, MemCgTable};
 use crate::vmscan::SWAP_CLUSTER_MAX;
 use crate::{Error, Mm, Pfn, StdPlatform};
 
 /// Pages charged at once ahead of need (Linux's `MEMCG_CHARGE_BATCH`).
 pub(crate) const CHARGE_BATCH: u64 = 64;
-/// Groups one CPU's stock serves at once (Linux's `NR_MEMCG_STOCK`).
-const NR_STOCK: usize = 4;
 /// Reclaim rounds before a charge over `max` fails (`MAX_RECLAIM_RETRIES`).
 pub(crate) const MAX_RECLAIM_RETRIES: usize = 16;
 /// Longest `high` throttle per charge (Linux's `MEMCG_MAX_HIGH_DELAY_JIFFIES`).
 pub(crate) const MAX_HIGH_DELAY: Duration = Duration::from_secs(2);
 
-/// One CPU's pages charged ahead (Linux's `memcg_stock_pcp`): a few (group,
-/// pages) slots.
-#[derive(Default)]
-pub(crate) struct Stock {
-    slots: [(u16, u32); NR_STOCK],
-    /// The slot the next eviction takes.
-    next: usize,
-}
-
-impl MemCgTable {
-    fn stock(&self) -> &parking_lot::Mutex<Stock> {
-        &self.stocks[StdPlatform::cpu_id() % self.stocks.len()]
-    }
-}
-
 /// Linux's `consume_stock`: takes `nr` pages charged ahead for `g` on this CPU.
 #[inline]
 fn consume_stock(table: &MemCgTable, g: &MemCgInner, nr: u64) -> bool {
-    if nr > CHARGE_BATCH {
-        return false;
-    }
-    let mut s = table.stock().lock();
-    for slot in s.slots.iter_mut() {
-        if slot.0 == g.id && u64::from(slot.1) >= nr {
-            slot.1 -= nr as u32;
-            return true;
-        }
-    }
-    false
+    nr <= CHARGE_BATCH && table.stocks.consume(StdPlatform::cpu_id(), g.id, nr)
 }
 
 /// Linux's `refill_stock`: keeps `nr` charged pages of `g` on this CPU; a
-/// slot over [`CHARGE_BATCH`] gives the excess back, and a full stock evicts
+/// slot over [`CHARGE_BATCH`] gives its pages back, and a full stock evicts
 /// a slot (uncharged).
 fn refill_stock(table: &MemCgTable, g: &MemCgInner, nr: u64) {
-    let mut back = None;
-    {
-        let mut s = table.stock().lock();
-        let i = match s.slots.iter().position(|x| x.0 == g.id) {
-            Some(i) => i,
-            None => match s.slots.iter().position(|x| x.0 == 0) {
-                Some(i) => i,
-                None => {
-                    let i = s.next;
-                    s.next = (i + 1) % NR_STOCK;
-                    back = Some(s.slots[i]);
-                    s.slots[i] = (0, 0);
-                    i
-                }
-            },
-        };
-        let slot = &mut s.slots[i];
-        slot.0 = g.id;
-        let total = u64::from(slot.1) + nr;
-        if total > CHARGE_BATCH {
-            slot.1 = 0;
-            g.memory.uncharge(total);
-        } else {
-            slot.1 = total as u32;
-        }
-    }
-    if let Some((id, n)) = back.filter(|&(_, n)| n > 0) {
-        if let Some(other) = table.get(id) {
-            other.memory.uncharge(n.into());
+    match table.stocks.refill(StdPlatform::cpu_id(), g.id, nr, CHARGE_BATCH) {
+        Refilled::Kept => {}
+        Refilled::Overflow(n) => g.memory.uncharge(n),
+        Refilled::Evicted(t) => {
+            uncharge_taken(table, &t);
         }
     }
 }
 
-/// Gives back every CPU's stocked pages of `g` and of its descendants
-/// (Linux's `drain_all_stock`); returns the pages uncharged.
-pub(crate) fn drain_all_stock(table: &MemCgTable, g: &MemCgInner) -> u64 {
-    let mut taken = Vec::new();
-    for s in table.stocks.iter() {
-        let mut s = s.lock();
-        for slot in s.slots.iter_mut().filter(|x| x.0 != 0 && x.1 > 0) {
-            taken.push(*slot);
-            *slot = (0, 0);
-        }
-    }
-    let mut freed = 0;
-    for (id, n) in taken {
-        match table.get(id) {
-            Some(x) if x.is_descendant(g) => {
-                x.memory.uncharge(n.into());
-                freed += u64::from(n);
+/// Uncharges pages taken out of the stocks by id (under the take: see
+/// `stock.rs`), without the group table's lock or a reference.
+fn uncharge_taken(table: &MemCgTable, t: &Taken<'_>) -> u64 {
+    let mut n = 0;
+    for &(id, pages) in &t.pages {
+        // SAFETY: a slot held pages of group `id`, so the group was alive
+        // when the take emptied it, and a dying group waits for every take
+        // to end (`Stocks::wait_takers` in its drop) before it is freed.
+        match unsafe { table.owning_group(id) } {
+            Some(x) => {
+                x.memory.uncharge(pages);
+                n += pages;
             }
-            Some(x) => refill_back(table, &x, n),
-            None => {}
+            None => debug_assert!(false, "stocked pages of a freed group {id}"),
         }
     }
+    n
+}
+
+/// Gives back every CPU's stocked pages (Linux's `drain_all_stock` for `g`,
+/// which here drains the other groups' slots too); returns the pages of `g`
+/// and its descendants uncharged.
+pub(crate) fn drain_all_stock(table: &MemCgTable, g: &MemCgInner) -> u64 {
+    let t = table.stocks.take_all();
+    let mut freed = 0;
+    for &(id, pages) in &t.pages {
+        // SAFETY: as in `uncharge_taken`.
+        if let Some(x) = unsafe { table.owning_group(id) } {
+            if x.is_descendant(g) {
+                freed += pages;
+            }
+        }
+    }
+    uncharge_taken(table, &t);
     freed
 }
 
-/// A slot of another group taken by a drain goes back to its counter.
-fn refill_back(_table: &MemCgTable, g: &MemCgInner, n: u32) {
-    g.memory.uncharge(n.into());
-}
-
 /// Gives back the stocked pages of a group being freed (`&mut`: no handle is
-/// left, so no charge for it can race).
+/// left, so no charge for it can race), then waits for any thread that took
+/// a slot of it to finish uncharging it.
 pub(super) fn drain_stock_of(table: &MemCgTable, g: &MemCgInner) {
-    for s in table.stocks.iter() {
-        let mut s = s.lock();
-        for slot in s.slots.iter_mut().filter(|x| x.0 == g.id) {
-            g.memory.uncharge(slot.1.into());
-            *slot = (0, 0);
-        }
-    }
+    g.memory.uncharge(table.stocks.drain_id(g.id));
+    table.stocks.wait_takers();
 }
 
 /// Pages the stocks hold for `g` now (a snapshot).
 pub(super) fn stocked(table: &MemCgTable, g: &MemCgInner) -> u64 {
-    table
-        .stocks
-        .iter()
-        .map(|s| {
-            s.lock()
-                .slots
-                .iter()
-                .filter(|x| x.0 == g.id)
-                .map(|x| u64::from(x.1))
-                .sum::<u64>()
-        })
-        .sum()
+    table.stocks.stocked(g.id)
 }
 
 /// The group whose counter is `c`, among `g` and its ancestors.

@@ -32,26 +32,27 @@
 //!   after the group is gone.
 //!
 //! Locking: the group table is a reader-writer lock (read to turn an id into
-//! a group: uncharge batches, the stock's drain; written to add or release an
-//! id); each CPU's charge stock is a mutex, uncontended but for a drain from
-//! another CPU; the counters are atomics. Order: stock -> table (read); no
-//! other mm lock is taken under either. Limit and `high` reclaim run in the
-//! charging thread with none of these held.
+//! a counted reference; written to add or release an id); the fast paths
+//! (uncharge batches, the stock's evictions and drains) turn an id into a
+//! group through the lock-free pointer table instead, under the rules of
+//! `owning_group`; the per-CPU charge stock is lock-free (`stock.rs`); the
+//! counters are atomics. No other mm lock is taken under the table's. Limit
+//! and `high` reclaim run in the charging thread with none of these held.
 
 mod charge;
 mod reclaim;
 mod stat;
+mod stock;
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use crossbeam_utils::CachePadded;
 use mmkit_core::page_counter::{PageCounter, PAGE_COUNTER_MAX};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 
 pub use stat::{MemCgEvents, MemCgStat, Pressure};
 
-use charge::Stock;
 pub(crate) use charge::{
     check, move_swap_charge, try_charge, try_charge_swap, uncharge_batch, uncharge_swap,
 };
@@ -83,7 +84,7 @@ pub(crate) struct MemCgTable {
     pub(crate) root_memory: PageCounter,
     pub(crate) root_swap: PageCounter,
     /// Per CPU: pages charged ahead for a few groups (Linux's `memcg_stock`).
-    stocks: Box<[CachePadded<Mutex<Stock>>]>,
+    stocks: stock::Stocks,
     /// Per node: where the next reclaim walk over the groups starts (Linux's
     /// `mem_cgroup_reclaim_cookie` position).
     cursors: Box<[CachePadded<std::sync::atomic::AtomicUsize>]>,
@@ -109,9 +110,7 @@ impl MemCgTable {
             owner: (0..nr_pages).map(|_| AtomicU16::new(0)).collect(),
             root_memory: PageCounter::new_root(true),
             root_swap: PageCounter::new_root(false),
-            stocks: (0..nr_cpus.max(1))
-                .map(|_| CachePadded::new(Mutex::new(Stock::default())))
-                .collect(),
+            stocks: stock::Stocks::new(nr_cpus),
             cursors: (0..nr_nodes.max(1))
                 .map(|_| CachePadded::new(Default::default()))
                 .collect(),
@@ -139,12 +138,15 @@ impl MemCgTable {
     /// # Safety
     /// The group must stay alive while the reference is used: the caller acts
     /// on a frame the group owns (charged pages keep their group's spaces,
-    /// and so the group, alive until they are uncharged).
+    /// and so the group, alive until they are uncharged), or holds pages it
+    /// took from a stock slot of the group (a dying group waits for such
+    /// takes before it is freed: `stock.rs`).
     #[inline]
     pub(crate) unsafe fn owning_group(&self, id: u16) -> Option<&MemCgInner> {
         let p = self.ptrs[id as usize].load(Ordering::Acquire);
-        // SAFETY: non-null only between the group's creation and its drop,
-        // and the caller guarantees the drop has not begun (see above).
+        // SAFETY: non-null only between the group's creation and the end of
+        // its drop (cleared after its stock drain), and the caller guarantees
+        // the group is not freed meanwhile (see above).
         unsafe { p.as_ref() }
     }
 

@@ -10,7 +10,7 @@
 //! (limit, `high` or proactive), sleeps in its `high` throttle, or waits for a
 //! swap-in of one of its spaces' pages. The group's threads are those that
 //! stalled on it or charged it through the slow path (a stock refill, every
-//! 64 pages) in the last second. `some` is the share of wall time in which at
+//! 64 pages; recorded at most every 1/16 s per thread) in the last second. `some` is the share of wall time in which at
 //! least one thread stalled; `full` the share in which every one of the
 //! group's threads stalled at once. Both are kept as running totals and as
 //! exponentially decaying averages over 10, 60 and 300 s, updated every 2 s
@@ -126,6 +126,8 @@ const WINDOWS: [f64; 3] = [10.0, 60.0, 300.0];
 const PSI_FREQ: Duration = Duration::from_secs(2);
 /// A thread that has not charged or stalled for this long is idle.
 const IDLE_AFTER: Duration = Duration::from_secs(1);
+/// How stale a thread's last sighting through the slow charge path may be.
+const SEEN_EVERY: Duration = Duration::from_millis(IDLE_AFTER.as_millis() as u64 / 16);
 
 struct Psi {
     /// Threads stalled now.
@@ -232,8 +234,27 @@ impl GroupStats {
 
     /// The calling thread charged this group through the slow path: it is
     /// one of the group's threads for the next second.
+    /// A thread's sightings of one group are recorded at most every
+    /// [`SEEN_EVERY`] (thread-local), so that the fault path's refills do not
+    /// take the pressure mutex each time.
     pub(crate) fn active(&self) {
+        thread_local! {
+            /// The group this thread was last recorded in, and when.
+            static LAST: std::cell::Cell<(usize, Option<Instant>)> =
+                const { std::cell::Cell::new((0, None)) };
+        }
         let now = Instant::now();
+        let me = self as *const GroupStats as usize;
+        let fresh = LAST.with(|l| match l.get() {
+            (g, Some(t)) if g == me && now.saturating_duration_since(t) < SEEN_EVERY => true,
+            _ => {
+                l.set((me, Some(now)));
+                false
+            }
+        });
+        if fresh {
+            return;
+        }
         let mut p = self.psi.lock();
         p.advance(now);
         p.seen(now);

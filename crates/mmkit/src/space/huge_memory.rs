@@ -140,7 +140,8 @@ impl SpaceInner {
                 // Mapped young before its sub-pages were used: the first
                 // accessed bit found is the insertion's.
                 let st = mm.lru().policy.new_page_state(true);
-                mm.lru().lru_cache_add(mm, &[pfn], st, st);
+                mm.lru()
+                    .lru_cache_add(mm, &[pfn], st, st, self.memcg().map(|g| &**g));
             }
             Err(_) => {
                 let pt = pgtable_trans_huge_withdraw(mm, pfn);

@@ -232,7 +232,8 @@ impl SpaceInner {
         }
         // The state `swapin_refault` gave it when it was read.
         let st = mm.lru().state(page);
-        mm.lru().lru_cache_add(mm, &[page], st, st);
+        mm.lru()
+                .lru_cache_add(mm, &[page], st, st, self.memcg().map(|g| &**g));
     }
 
     /// Step 2 when no page is free even after reclaim (memory and swap both
@@ -337,7 +338,8 @@ impl SpaceInner {
         if mapped {
             self.stats.add(Stat::Rss, 1);
             let st = mm.lru().state(page);
-            mm.lru().lru_cache_add(mm, &[page], st, st);
+            mm.lru()
+                .lru_cache_add(mm, &[page], st, st, self.memcg().map(|g| &**g));
             let pa = mm.page_alloc();
             pa.count_vm_event(VmEvent::PswpIn, 1);
             pa.count_vm_event(VmEvent::SwapExchange, 1);
