@@ -523,13 +523,15 @@ impl Lru {
     }
 
     /// Takes pages that are being freed off the lists (the mmu_gather's flush,
-    /// Linux's `__folio_put` -> `lruvec_del_folio`), one lock hold per node.
-    /// Their reverse maps are already cleared.
-    pub(crate) fn remove_batch(&self, mm: &Mm, pfns: &[u32]) {
-        self.per_set(mm, pfns, Owners::Held, |l, pfn, _| {
+    /// Linux's `__folio_put` -> `lruvec_del_folio`), one lock hold per list
+    /// set; then `each(pfn, owner)` runs for the page under that lock (the
+    /// flush's uncharge). Their reverse maps are already cleared.
+    pub(crate) fn remove_batch(&self, mm: &Mm, pfns: &[u32], mut each: impl FnMut(u32, u16)) {
+        self.per_set(mm, pfns, Owners::Held, |l, pfn, owner| {
             if l.del(pfn).is_some() {
                 desc(mm, Pfn::new(pfn as u64)).clear_flag(PG_LRU);
             }
+            each(pfn, owner);
         });
     }
 

@@ -499,3 +499,67 @@ fn huge_fault_over_the_limit_falls_back_to_order_0() {
     drop(s);
     mm.check().unwrap();
 }
+
+/// `memory.stat`'s pgfault counts each fault of the group's spaces once,
+/// live or gone, and a parent's includes its children's.
+#[test]
+fn pgfault_counts_each_fault_once() {
+    let mm = mm(32 * MIB);
+    let g = mm.new_group().unwrap();
+    let h = g.new_child().unwrap();
+    let s = mm.new_space_in(&h).unwrap();
+    let a = s.mmap((300 * PAGE) as usize, MapFlags::empty()).unwrap();
+    fill(&s, a, 300, 3);
+    let faults = s.stats().faults;
+    assert!(faults > 0);
+    assert_eq!(h.stat().pgfault, faults);
+    assert_eq!(g.stat().pgfault, faults);
+    let t = mm.new_space_in(&g).unwrap();
+    let b = t.mmap((40 * PAGE) as usize, MapFlags::empty()).unwrap();
+    fill(&t, b, 40, 4);
+    let both = faults + t.stats().faults;
+    drop(s);
+    assert_eq!(h.stat().pgfault, faults, "kept after the space is gone");
+    assert_eq!(g.stat().pgfault, both);
+    drop(t);
+    assert_eq!(g.stat().pgfault, both);
+    mm.check().unwrap();
+}
+
+/// Groups come and go while threads charge more groups than a CPU's stock
+/// has slots (so slots are evicted, and groups die with pages stocked):
+/// every count stays exact (`check()` compares each group's usage with its
+/// pages plus its stocks), and the parent ends with its stocks alone.
+#[test]
+fn groups_come_and_go_under_charging_threads_count_exactly() {
+    const THREADS: u64 = 8;
+    let mm = mm(64 * MIB);
+    let parent = mm.new_group().unwrap();
+    std::thread::scope(|sc| {
+        for t in 0..THREADS {
+            let (mm, parent) = (mm.clone(), parent.clone());
+            sc.spawn(move || {
+                for r in 0..40 {
+                    let g = parent.new_child().unwrap();
+                    let s = mm.new_space_in(&g).unwrap();
+                    let pages = 20 + (t * 7 + r) % 50;
+                    let a = s.mmap((pages * PAGE) as usize, MapFlags::empty()).unwrap();
+                    fill(&s, a, pages, t ^ r);
+                    verify(&s, a, pages, t ^ r);
+                    if r % 3 == 0 {
+                        s.munmap(a, (pages * PAGE) as usize).unwrap();
+                    }
+                    drop(s);
+                    assert!(g.current() / PAGE <= STOCK * nr_cpus(&mm));
+                    drop(g);
+                }
+            });
+        }
+    });
+    mm.check().unwrap();
+    assert!(parent.current() / PAGE <= STOCK * nr_cpus(&mm));
+    assert_eq!(parent.stat().anon, 0);
+    drop(parent);
+    mm.check().unwrap();
+    assert_eq!(mm.root_current(), 0);
+}

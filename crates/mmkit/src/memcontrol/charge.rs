@@ -295,6 +295,78 @@ pub(crate) fn uncharge_batch(mm: &Mm, blocks: &[(Pfn, u32)]) {
     }
 }
 
+/// The uncharge of an unmap's free batch, page by page as the pages leave
+/// the LRU (`Lru::remove_batch`), with one counter update per group at
+/// [`finish`](Self::finish) (Linux's `uncharge_batch`). For frames the
+/// unmapping space still holds, so their owners cannot change meanwhile.
+pub(crate) struct UnchargeGather<'a> {
+    mm: &'a Mm,
+    table: &'a MemCgTable,
+    /// Whether some block is a huge page (otherwise each block is 1 page).
+    huge: bool,
+    /// The group most of the batch belongs to, and its pages.
+    cur: (u16, u64),
+    others: Vec<(u16, u64)>,
+}
+
+impl<'a> UnchargeGather<'a> {
+    /// For a batch with a huge page in it where `huge`.
+    pub(crate) fn new(mm: &'a Mm, huge: bool) -> Self {
+        UnchargeGather {
+            mm,
+            table: mm.memcg(),
+            huge,
+            cur: (0, 0),
+            others: Vec::new(),
+        }
+    }
+
+    /// The block headed by `pfn`, owned by group `owner` (0: the root,
+    /// nothing to do), is being freed: its owner is cleared.
+    #[inline]
+    pub(crate) fn add(&mut self, pfn: u32, owner: u16) {
+        if owner == 0 {
+            return;
+        }
+        self.table.set_owner(pfn.into(), 0);
+        let n = if self.huge {
+            1u64 << crate::pgtable::desc(self.mm, Pfn::new(pfn.into())).order()
+        } else {
+            1
+        };
+        if owner == self.cur.0 {
+            self.cur.1 += n;
+        } else {
+            self.add_other(owner, n);
+        }
+    }
+
+    #[cold]
+    fn add_other(&mut self, owner: u16, n: u64) {
+        if self.cur.0 == 0 {
+            self.cur = (owner, n);
+            return;
+        }
+        match self.others.iter_mut().find(|x| x.0 == owner) {
+            Some(x) => x.1 += n,
+            None => self.others.push((owner, n)),
+        }
+    }
+
+    /// Uncharges what was gathered.
+    pub(crate) fn finish(self) {
+        let table = self.table;
+        for (id, n) in std::iter::once(self.cur).chain(self.others) {
+            // SAFETY: the group owned these frames until just now: the
+            // spaces that mapped them (and hold the group) are still being
+            // unmapped.
+            if let Some(g) = unsafe { table.owning_group(id) } {
+                g.memory.uncharge(n);
+            }
+        }
+    }
+}
+
 /// Charges one swap slot to the owner of the page `pfn` going out (Linux's
 /// `__mem_cgroup_try_charge_swap`): the owner id to record on the slot, 0 for
 /// the root; `Err` (`swap.events max`, the page stays resident) when the

@@ -55,6 +55,7 @@ pub use stat::{MemCgEvents, MemCgStat, Pressure};
 
 pub(crate) use charge::{
     check, move_swap_charge, try_charge, try_charge_swap, uncharge_batch, uncharge_swap,
+    UnchargeGather,
 };
 pub(crate) use reclaim::shrink_node_memcgs;
 use stat::GroupStats;

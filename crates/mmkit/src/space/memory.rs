@@ -279,10 +279,6 @@ impl SpaceInner {
             }
         }
         if installed > 0 {
-            if let Some(g) = memcg {
-                g.stats
-                    .add(crate::memcontrol::Event::PgFault, installed as u64);
-            }
             used(mm, pt_pfn).fetch_add(installed as u64, Ordering::Relaxed);
             self.stats.add(Stat::Rss, installed as i64);
             // Onto the LRU through this CPU's batch (`lru.rs`).

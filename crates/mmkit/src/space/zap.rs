@@ -44,6 +44,11 @@ const FREE_PTE_TABLES: u32 = 0;
 pub(crate) struct MmuGather<'a> {
     mm: &'a Mm,
     batch: Vec<(Pfn, u32)>,
+    /// The data pages of `batch` (order-0 pages and huge heads, which may be
+    /// on a list and charged to a group; table pages are neither).
+    lru: Vec<u32>,
+    /// Whether `lru` holds a huge page.
+    huge: bool,
 }
 
 impl<'a> MmuGather<'a> {
@@ -51,32 +56,42 @@ impl<'a> MmuGather<'a> {
         MmuGather {
             mm,
             batch: Vec::with_capacity(MMU_GATHER_BATCH),
+            lru: Vec::with_capacity(MMU_GATHER_BATCH),
+            huge: false,
         }
     }
     /// Drops the mapping's reference on a data page (the reverse map is cleared).
     pub(super) fn remove_page(&mut self, pfn: Pfn, order: u32) {
+        self.lru.push(pfn.get() as u32);
+        self.huge |= order > 0;
+        self.push(pfn, order);
+    }
+    /// Frees a table page (Linux's `tlb_remove_table`).
+    pub(super) fn remove_table(&mut self, pfn: Pfn) {
+        used(self.mm, pfn).store(0, Ordering::Relaxed);
+        self.push(pfn, 0);
+    }
+    fn push(&mut self, pfn: Pfn, order: u32) {
         self.batch.push((pfn, order));
         if self.batch.len() >= MMU_GATHER_BATCH {
             self.flush();
         }
     }
-    /// Frees a table page (Linux's `tlb_remove_table`).
-    pub(super) fn remove_table(&mut self, pfn: Pfn) {
-        used(self.mm, pfn).store(0, Ordering::Relaxed);
-        self.remove_page(pfn, 0);
-    }
-    /// Takes the batch's pages off the LRU (one LRU lock hold per node, their
-    /// reverse maps already cleared), then drops their references.
+    /// Takes the batch's data pages off the LRU (one LRU lock hold per list
+    /// set, their reverse maps already cleared) and uncharges them as they
+    /// go, one counter update per group (Linux's `uncharge_batch` in
+    /// `folios_put_refs`), then drops the batch's references.
     fn flush(&mut self) {
         if !self.batch.is_empty() {
-            // Order-0 pages and huge heads alike may be on a list.
-            let lru: Vec<u32> = self.batch.iter().map(|&(p, _)| p.get() as u32).collect();
-            self.mm.lru().remove_batch(self.mm, &lru);
-            // Their charges, one counter update per group (Linux's
-            // `uncharge_batch` in `folios_put_refs`).
-            crate::memcontrol::uncharge_batch(self.mm, &self.batch);
+            let mut uncharge = crate::memcontrol::UnchargeGather::new(self.mm, self.huge);
+            self.mm
+                .lru()
+                .remove_batch(self.mm, &self.lru, |pfn, owner| uncharge.add(pfn, owner));
+            uncharge.finish();
             self.mm.put_pages_bulk(&self.batch);
             self.batch.clear();
+            self.lru.clear();
+            self.huge = false;
         }
     }
 }
