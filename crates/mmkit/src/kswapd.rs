@@ -28,6 +28,12 @@ impl Mm {
         self.node_nr_free_pages(nid) >= self.inner.wmark_high[nid]
     }
 
+    /// Is some node's free memory below its high watermark (kswapd's target:
+    /// reclaim is wanted)?
+    pub(crate) fn below_high_wmark(&self) -> bool {
+        (0..self.inner.wmark_high.len()).any(|nid| !self.node_balanced(nid))
+    }
+
     /// The high watermarks of all nodes together.
     pub(crate) fn total_wmark_high(&self) -> u64 {
         self.inner.wmark_high.iter().sum()

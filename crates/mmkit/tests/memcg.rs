@@ -563,3 +563,49 @@ fn groups_come_and_go_under_charging_threads_count_exactly() {
     mm.check().unwrap();
     assert_eq!(mm.root_current(), 0);
 }
+
+/// Allocator-paid reclaim: a group streaming through memory beside a
+/// protected one reclaims its own pages as it charges, so (without kswapd)
+/// its allocations never stall in global direct reclaim, and the protected
+/// group keeps every page; the root's spaces (no group) get no such help.
+#[test]
+fn a_streaming_group_pays_for_its_own_reclaim() {
+    let run = |grouped: bool| {
+        let mm = Mm::builder()
+            .memory((32 * MIB) as usize)
+            .kswapd(false)
+            .build()
+            .unwrap();
+        mm.swapon(SwapDevice::ram(256 << 20)).unwrap();
+        let a = mm.new_group().unwrap();
+        a.set_low(12 * MIB).unwrap();
+        let sa = mm.new_space_in(&a).unwrap();
+        let b = mm.new_group().unwrap();
+        let sb = if grouped {
+            mm.new_space_in(&b).unwrap()
+        } else {
+            mm.new_space().unwrap()
+        };
+        let hot = 8 * MIB / PAGE;
+        let x = sa.mmap((hot * PAGE) as usize, MapFlags::empty()).unwrap();
+        fill(&sa, x, hot, 1);
+        let stream = 96 * MIB / PAGE;
+        let y = sb
+            .mmap((stream * PAGE) as usize, MapFlags::empty())
+            .unwrap();
+        fill(&sb, y, stream, 2);
+        verify(&sa, x, hot, 1);
+        verify(&sb, y, stream, 2);
+        let stalls = mm.vm_events().get(mmkit::VmEvent::AllocStall);
+        let (sta, stb) = (a.stat(), b.stat());
+        drop((sa, sb));
+        mm.check().unwrap();
+        (stalls, sta, stb)
+    };
+    let (stalls, a, b) = run(true);
+    assert_eq!(stalls, 0, "B's charges kept free memory up: {b:?}");
+    assert!(b.pgsteal > 0 && b.pswpout > 0, "B reclaimed its own pages: {b:?}");
+    assert_eq!(a.pswpout, 0, "A kept its pages: {a:?}");
+    let (stalls, _, _) = run(false);
+    assert!(stalls > 0, "without a group, B's allocations stall in direct reclaim");
+}

@@ -11,7 +11,9 @@
 //! `NoMemory` (`events.max`, then `events.oom`). Over `high` after a
 //! successful charge: the charging thread reclaims from every ancestor over
 //! its `high` (`events.high`) while that progresses, then sleeps Linux's
-//! penalty, at most [`MAX_HIGH_DELAY`].
+//! penalty, at most [`MAX_HIGH_DELAY`]. Under global pressure, a charge of
+//! a group above its protection then reclaims from the group itself
+//! (allocator-paid reclaim: `reclaim.rs`).
 //!
 //! Invariants: what a stock holds is charged to its group and counted in its
 //! `current` (so `current` >= the pages whose owner is the group); a charge
@@ -173,6 +175,7 @@ pub(crate) fn try_charge(g: &MemCgInner, nr: u64, order: u32) -> Result<(), Erro
         refill_stock(table, g, batch - nr);
     }
     handle_over_high(g, batch);
+    super::reclaim::reclaim_own(g, batch);
     Ok(())
 }
 

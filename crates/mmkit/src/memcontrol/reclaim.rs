@@ -18,6 +18,22 @@
 //!    on one group per walk, so that partial walks take turns), each reclaimed
 //!    with `shrink_lruvec` for its share, until `nr` pages are freed.
 //!
+//! Allocator-paid reclaim (an mmkit addition; Linux gets a similar effect
+//! from direct reclaim once kswapd falls behind, and from `memory.high`):
+//! while some node is below its high watermark (kswapd's target, so reclaim
+//! is wanted), a charge through the slow path (a stock refill: every
+//! [`CHARGE_BATCH`](super::charge::CHARGE_BATCH) pages) of a group whose
+//! usage is above its protection reclaims as many pages from that group's
+//! own lists, in the charging thread, before it returns (`reclaim_own`),
+//! and up to four batches more while free memory is below the high
+//! watermarks (so it climbs back before the allocator wakes kswapd). A
+//! tenant that streams through memory so pays for the memory it takes with
+//! its own pages and its own CPU time: kswapd stays mostly asleep, so it
+//! neither takes a CPU from the other tenants nor walks their lists on the
+//! streamer's behalf. A group at or under its protection (`low`, `min`, or
+//! their effective values) never reclaims for its own charges this way, and
+//! without groups nothing changes (the root is never charged).
+//!
 //! Invariants: a group below its effective `min` loses no page to this walk;
 //! protection values are recomputed on every walk (they are racy hints, as
 //! Linux's).
@@ -182,4 +198,25 @@ pub(crate) fn try_to_free_mem_cgroup_pages(mm: &Mm, target: &MemCgInner, nr: u64
         }
     }
     done
+}
+
+/// Allocator-paid reclaim (see the module header): after a charge of `nr`
+/// pages of `g` through the slow path, under global pressure, `nr` pages
+/// from `g`'s subtree when `g` is above its protection; the pages freed.
+pub(crate) fn reclaim_own(g: &MemCgInner, nr: u64) -> u64 {
+    let mm = &g.mm;
+    if !mm.below_high_wmark() || !mm.can_swap_out() {
+        return 0;
+    }
+    let m = &g.memory;
+    let protection = m.low().max(m.min()).max(m.elow()).max(m.emin());
+    if m.usage() <= protection {
+        return 0;
+    }
+    // Also what the nodes lack below their high watermarks (at most 4 more
+    // charges' worth), so that free memory climbs back to where kswapd
+    // would take it and is not woken by the next allocations.
+    let short = mm.total_wmark_high().saturating_sub(mm.nr_free_pages());
+    let _stall = super::Stall::enter(g);
+    super::reclaim_pages(g, nr + short.min(4 * nr))
 }

@@ -335,21 +335,22 @@ mod loom_tests {
 
     /// Group 2 is dying (its last handle dropped): it drains its slots,
     /// waits for takers, then is freed; meanwhile group 1's charger evicts
-    /// group 2's slot and uncharges group 2. The eviction's uncharge must
-    /// happen before the free, and group 2 ends at exactly 0.
+    /// group 2's slot and uncharges group 2. The eviction's use of group 2
+    /// (a read of its memory) must happen before the free (a write), and
+    /// group 2's counter ends at exactly 0.
     #[test]
     fn loom_stock_eviction_races_dying_group() {
         loom::model(|| {
             let s = Arc::new(Stocks::new(1));
-            // Group 2's counter, freed (written) by its drop.
-            let g2 = Arc::new(UnsafeCell::new(0u64));
+            // Group 2: its counter, and its memory (freed by its drop).
+            let usage = Arc::new(Counter::new(0));
+            let memory = Arc::new(UnsafeCell::new(true));
             // Fill both slots: group 3's and group 2's, 1 page each.
             for id in [3, 2] {
+                usage.fetch_add(u64::from(id == 2), Ordering::Relaxed);
                 assert!(matches!(s.refill(0, id, 1, 4), Refilled::Kept));
             }
-            // SAFETY: no other thread yet.
-            g2.with_mut(|c| unsafe { *c = 1 });
-            let (s2, g2b) = (s.clone(), g2.clone());
+            let (s2, u2, m2) = (s.clone(), usage.clone(), memory.clone());
             let evictor = thread::spawn(move || {
                 // Evicts slot 0 (group 3) for group 1, then slot 1 (group
                 // 2, unless drained meanwhile) for group 4.
@@ -358,20 +359,20 @@ mod loom_tests {
                         for &(id, n) in &t.pages {
                             if id == 2 {
                                 // SAFETY: the take keeps group 2 alive (the
-                                // model checks it).
-                                g2b.with_mut(|c| unsafe { *c -= n });
+                                // model checks it against the free below).
+                                m2.with(|alive| assert!(unsafe { *alive }));
+                                u2.fetch_sub(n, Ordering::Relaxed);
                             }
                         }
                     }
                 }
             });
             let n = s.drain_id(2);
-            // SAFETY: group 2's drop, under the protocol.
-            g2.with_mut(|c| unsafe { *c -= n });
+            usage.fetch_sub(n, Ordering::Relaxed);
             s.wait_takers();
-            // Freed: the counter must be 0 and no one touches it again.
-            // SAFETY: as above.
-            g2.with_mut(|c| assert_eq!(unsafe { *c }, 0));
+            assert_eq!(usage.load(Ordering::Relaxed), 0);
+            // SAFETY: group 2's free, under the protocol.
+            memory.with_mut(|alive| unsafe { *alive = false });
             evictor.join().unwrap();
         });
     }
