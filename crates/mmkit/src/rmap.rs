@@ -114,12 +114,13 @@
 //! memory cgroups (from a charge: the fault path under the VMA lock and
 //! page lock of a swap-in; from reclaim; from a slot's free under the
 //! cluster lock)
-//! memcg charge stock (per CPU)  memcontrol/charge.rs: consume, refill,
-//!                               drain (remote CPUs' too)
-//!   memcg table, read           memcontrol/: an evicted slot's group
+//! [memcg charge stock: lock-free (memcontrol/stock.rs): one atomic per
+//!  consume or refill; an evicted or drained slot's group is found through
+//!  the table's pointers, and a group's free waits for such takers first]
 //! memcg table, read/write       memcontrol/: id -> group (read); create,
-//!                               free a group (write; the free takes the
-//!                               stocks first, then the write lock) (leaf)
+//!                               free a group (write; the free drains its
+//!                               stock slots and waits for takers first)
+//!                               (leaf)
 //! memcg pressure state          memcontrol/stat.rs: a stall's start and end,
 //!                               a read (leaf)
 //! [limit, high and proactive reclaim run in the charging thread with none

@@ -604,8 +604,14 @@ fn a_streaming_group_pays_for_its_own_reclaim() {
     };
     let (stalls, a, b) = run(true);
     assert_eq!(stalls, 0, "B's charges kept free memory up: {b:?}");
-    assert!(b.pgsteal > 0 && b.pswpout > 0, "B reclaimed its own pages: {b:?}");
+    assert!(
+        b.pgsteal > 0 && b.pswpout > 0,
+        "B reclaimed its own pages: {b:?}"
+    );
     assert_eq!(a.pswpout, 0, "A kept its pages: {a:?}");
     let (stalls, _, _) = run(false);
-    assert!(stalls > 0, "without a group, B's allocations stall in direct reclaim");
+    assert!(
+        stalls > 0,
+        "without a group, B's allocations stall in direct reclaim"
+    );
 }

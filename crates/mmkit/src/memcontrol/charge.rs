@@ -53,7 +53,10 @@ fn consume_stock(table: &MemCgTable, g: &MemCgInner, nr: u64) -> bool {
 /// slot over [`CHARGE_BATCH`] gives its pages back, and a full stock evicts
 /// a slot (uncharged).
 fn refill_stock(table: &MemCgTable, g: &MemCgInner, nr: u64) {
-    match table.stocks.refill(StdPlatform::cpu_id(), g.id, nr, CHARGE_BATCH) {
+    match table
+        .stocks
+        .refill(StdPlatform::cpu_id(), g.id, nr, CHARGE_BATCH)
+    {
         Refilled::Kept => {}
         Refilled::Overflow(n) => g.memory.uncharge(n),
         Refilled::Evicted(t) => {

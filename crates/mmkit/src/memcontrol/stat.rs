@@ -7,7 +7,8 @@
 //! added (Linux's hierarchical `memory.stat` and `memory.events`).
 //!
 //! Pressure. A thread *stalls* on a group while it runs that group's reclaim
-//! (limit, `high` or proactive), sleeps in its `high` throttle, or waits for a
+//! (limit, `high`, proactive or allocator-paid), sleeps in its `high`
+//! throttle, or waits for a
 //! swap-in of one of its spaces' pages. The group's threads are those that
 //! stalled on it or charged it through the slow path (a stock refill, every
 //! 64 pages; recorded at most every 1/16 s per thread) in the last second. `some` is the share of wall time in which at

@@ -275,7 +275,10 @@ mod tests {
         assert_eq!(s.drain_id(99), 7);
         assert_eq!(s.stocked(99), 0);
         let t = s.take_all();
-        assert_eq!(t.pages.iter().map(|x| x.1).sum::<u64>(), 5 * (NR_STOCK as u64 - 1));
+        assert_eq!(
+            t.pages.iter().map(|x| x.1).sum::<u64>(),
+            5 * (NR_STOCK as u64 - 1)
+        );
         drop(t);
         s.wait_takers();
         assert_eq!((1..=100).map(|id| s.stocked(id)).sum::<u64>(), 0);

@@ -283,14 +283,13 @@ impl SpaceInner {
             self.stats.add(Stat::Rss, installed as i64);
             // Onto the LRU through this CPU's batch (`lru.rs`).
             let first = policy.new_page_state(policy.fault_sets_young() || pfns[0] != fault_pfn);
-            mm.lru()
-                .lru_cache_add(
-                    mm,
-                    &pfns[..installed],
-                    first,
-                    policy.new_page_state(true),
-                    memcg,
-                );
+            mm.lru().lru_cache_add(
+                mm,
+                &pfns[..installed],
+                first,
+                policy.new_page_state(true),
+                memcg,
+            );
         }
         Ok(())
     }

@@ -233,7 +233,7 @@ impl SpaceInner {
         // The state `swapin_refault` gave it when it was read.
         let st = mm.lru().state(page);
         mm.lru()
-                .lru_cache_add(mm, &[page], st, st, self.memcg().map(|g| &**g));
+            .lru_cache_add(mm, &[page], st, st, self.memcg().map(|g| &**g));
     }
 
     /// Step 2 when no page is free even after reclaim (memory and swap both
