@@ -33,6 +33,9 @@ struct Times {
     cpu: Duration,
 }
 
+/// Which time of a phase.
+type Pick = fn(&Times) -> Duration;
+
 /// One page_fault1 round on `threads` threads: (faults, munmap).
 fn round(spaces: &[Space]) -> (Times, Times) {
     let times: Vec<[(Duration, Duration); 2]> = std::thread::scope(|sc| {
@@ -106,8 +109,7 @@ fn main() -> Result<(), Error> {
         if mode.is_empty() {
             let faults = (LEN / 4096 * t) as f64;
             let m = |v: &[Times], f: fn(&Times) -> Duration| median(v.iter().map(f).collect());
-            let (wall, cpu): (fn(&Times) -> Duration, fn(&Times) -> Duration) =
-                (|x| x.wall, |x| x.cpu);
+            let (wall, cpu): (Pick, Pick) = (|x| x.wall, |x| x.cpu);
             let rate = |d: Duration| faults / d.as_secs_f64() / 1e6;
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
             let ratio = |r: Duration, c: Duration| r.as_secs_f64() / c.as_secs_f64();
