@@ -29,8 +29,15 @@ impl Mm {
     }
 
     /// Is some node's free memory below its high watermark (kswapd's target:
-    /// reclaim is wanted)?
+    /// reclaim is wanted)? Cheap when memory is plentiful: the buddy lists'
+    /// counts alone (one word per zone) above every high watermark answer
+    /// no without reading every CPU's list counts.
     pub(crate) fn below_high_wmark(&self) -> bool {
+        let pa = self.page_alloc();
+        let buddy: u64 = (0..pa.nr_zones()).map(|z| pa.zone_nr_free(z)).sum();
+        if buddy >= self.total_wmark_high() && self.inner.wmark_high.len() == 1 {
+            return false;
+        }
         (0..self.inner.wmark_high.len()).any(|nid| !self.node_balanced(nid))
     }
 

@@ -257,11 +257,12 @@ impl SpaceInner {
         let first_bits = self.fault_bits(vmf);
         let fault_pfn = pfns[0];
         let mut installed = 0;
+        let owners = mm.memcg();
         for i in 0..n {
             let pfn = pfns[i];
             rmap::set(mm, pfn, self.id, va + (i as u64) * PAGE);
             if let Some(g) = memcg {
-                mm.memcg().set_owner(pfn.get(), g.id);
+                owners.set_owner(pfn.get(), g.id);
             }
             let pte = leaf(pfn, false).with(if i == 0 { first_bits } else { bits });
             match pt[idx + i].compare_exchange(0, pte.raw(), Ordering::AcqRel, Ordering::Acquire) {
