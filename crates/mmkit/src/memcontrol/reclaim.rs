@@ -31,8 +31,9 @@
 //! its own pages and its own CPU time: kswapd stays mostly asleep, so it
 //! neither takes a CPU from the other tenants nor walks their lists on the
 //! streamer's behalf. A group at or under its protection (`low`, `min`, or
-//! their effective values) never reclaims for its own charges this way, and
-//! without groups nothing changes (the root is never charged).
+//! their effective values), or whose swap (or an ancestor's) is at its
+//! `swap.max`, never reclaims for its own charges this way, and without
+//! groups nothing changes (the root is never charged).
 //!
 //! Invariants: a group below its effective `min` loses no page to this walk;
 //! protection values are recomputed on every walk (they are racy hints, as
@@ -212,6 +213,14 @@ pub(crate) fn reclaim_own(g: &MemCgInner, nr: u64) -> u64 {
     let protection = m.low().max(m.min()).max(m.elow()).max(m.emin());
     if m.usage() <= protection {
         return 0;
+    }
+    // Nothing of it could go to swap: its pages stay resident (`swap.max`).
+    let mut x = Some(g);
+    while let Some(c) = x {
+        if c.swap.usage() >= c.swap.max() {
+            return 0;
+        }
+        x = c.parent().map(|p| &**p);
     }
     // Also what the nodes lack below their high watermarks (at most 4 more
     // charges' worth), so that free memory climbs back to where kswapd
