@@ -457,7 +457,7 @@ impl Lru {
     /// the head of their node's inactive list (the active one for a page
     /// queued with `LRU_ACTIVATE`), one lock hold per node.
     fn add_batch(&self, mm: &Mm, pfns: &[u32], held: Option<&crate::memcontrol::MemCgInner>) {
-        self.per_set(mm, pfns, Owners::Stale(held), |l, pfn, owner| {
+        let link = |l: &mut Locked<'_>, pfn: u32, owner: u16| {
             let d = desc(mm, Pfn::new(pfn as u64));
             // Still queued: not freed (and perhaps reallocated) since; and
             // the lists locked are its owner's (a stale entry of a frame
@@ -477,19 +477,24 @@ impl Lru {
                 l.add(pfn, list);
                 d.set_flag(PG_LRU);
             }
+        };
+        self.per_set(mm, pfns, Owners::Stale(held), |l, run, owner| {
+            for &(_, pfn) in run {
+                link(l, pfn, owner);
+            }
         });
     }
 
-    /// Runs `f` on each pfn under its list set's lock, taking each lock once
-    /// (the pfns of one batch share a few sets).
-    /// `owners` says how to find a run's group (see [`Owners`]). `f` gets the
-    /// owner the run was keyed by.
+    /// Runs `f` on each run of pfns of one owner and list set (as `(key,
+    /// pfn)` pairs) under that set's lock, taking each lock once (the pfns of
+    /// one batch share a few sets). `owners` says how to find a run's group
+    /// (see [`Owners`]). `f` gets the owner the run was keyed by.
     fn per_set(
         &self,
         mm: &Mm,
         pfns: &[u32],
         owners: Owners<'_>,
-        mut f: impl FnMut(&mut Locked<'_>, u32, u16),
+        mut f: impl FnMut(&mut Locked<'_>, &[(u64, u32)], u16),
     ) {
         // One word per key (owner above the set), as cheap to sort as the
         // set alone.
@@ -516,22 +521,27 @@ impl Lru {
                 _ => self.vec_of_owner(mm, owner),
             };
             let mut l = self.lock(mm, vec.get(self), set);
-            for &(_, p) in run {
-                f(&mut l, p, owner);
-            }
+            f(&mut l, run, owner);
         }
     }
 
     /// Takes pages that are being freed off the lists (the mmu_gather's flush,
     /// Linux's `__folio_put` -> `lruvec_del_folio`), one lock hold per list
-    /// set; then `each(pfn, owner)` runs for the page under that lock (the
-    /// flush's uncharge). Their reverse maps are already cleared.
-    pub(crate) fn remove_batch(&self, mm: &Mm, pfns: &[u32], mut each: impl FnMut(u32, u16)) {
-        self.per_set(mm, pfns, Owners::Held, |l, pfn, owner| {
-            if l.del(pfn).is_some() {
-                desc(mm, Pfn::new(pfn as u64)).clear_flag(PG_LRU);
+    /// set; each run of one owner is then uncharged under that lock
+    /// (`uncharge`, the flush's). Their reverse maps are already cleared.
+    pub(crate) fn remove_batch(
+        &self,
+        mm: &Mm,
+        pfns: &[u32],
+        uncharge: &mut crate::memcontrol::UnchargeGather<'_>,
+    ) {
+        self.per_set(mm, pfns, Owners::Held, |l, run, owner| {
+            for &(_, pfn) in run {
+                if l.del(pfn).is_some() {
+                    desc(mm, Pfn::new(pfn as u64)).clear_flag(PG_LRU);
+                }
             }
-            each(pfn, owner);
+            uncharge.add_run(owner, run.iter().map(|x| x.1));
         });
     }
 

@@ -301,8 +301,9 @@ pub(crate) fn uncharge_batch(mm: &Mm, blocks: &[(Pfn, u32)]) {
     }
 }
 
-/// The uncharge of an unmap's free batch, page by page as the pages leave
-/// the LRU (`Lru::remove_batch`), with one counter update per group at
+/// The uncharge of an unmap's free batch, a run of one group's pages at a
+/// time as they leave the LRU (`Lru::remove_batch`), with one counter update
+/// per group at
 /// [`finish`](Self::finish) (Linux's `uncharge_batch`). For frames the
 /// unmapping space still holds, so their owners cannot change meanwhile.
 pub(crate) struct UnchargeGather<'a> {
@@ -327,18 +328,25 @@ impl<'a> UnchargeGather<'a> {
         }
     }
 
-    /// The block headed by `pfn`, owned by group `owner` (0: the root,
-    /// nothing to do), is being freed: its owner is cleared.
+    /// The blocks headed by `pfns`, owned by group `owner` (0: the root,
+    /// nothing to do), are being freed: their owners are cleared.
     #[inline]
-    pub(crate) fn add(&mut self, pfn: u32, owner: u16) {
+    pub(crate) fn add_run(&mut self, owner: u16, pfns: impl ExactSizeIterator<Item = u32>) {
         if owner == 0 {
             return;
         }
-        self.table.set_owner(pfn.into(), 0);
         let n = if self.huge {
-            1u64 << crate::pgtable::desc(self.mm, Pfn::new(pfn.into())).order()
+            pfns.map(|pfn| {
+                self.table.set_owner(pfn.into(), 0);
+                1u64 << crate::pgtable::desc(self.mm, Pfn::new(pfn.into())).order()
+            })
+            .sum()
         } else {
-            1
+            let n = pfns.len() as u64;
+            for pfn in pfns {
+                self.table.set_owner(pfn.into(), 0);
+            }
+            n
         };
         if owner == self.cur.0 {
             self.cur.1 += n;

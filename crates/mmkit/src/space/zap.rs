@@ -86,7 +86,7 @@ impl<'a> MmuGather<'a> {
             let mut uncharge = crate::memcontrol::UnchargeGather::new(self.mm, self.huge);
             self.mm
                 .lru()
-                .remove_batch(self.mm, &self.lru, |pfn, owner| uncharge.add(pfn, owner));
+                .remove_batch(self.mm, &self.lru, &mut uncharge);
             uncharge.finish();
             self.mm.put_pages_bulk(&self.batch);
             self.batch.clear();
