@@ -179,10 +179,20 @@ impl Mm {
         if self.nr_nodes() > 1 {
             return self.alloc_pages_here(gfp, order);
         }
+        // A cache hit builds no slow-path hooks (nothing to drop either).
+        match self.inner.alloc.alloc_page_cached(gfp, order) {
+            Some(pfn) => self.finish_alloc(Ok(pfn), gfp, order),
+            None => self.alloc_pages_uncached(gfp, order),
+        }
+    }
+
+    /// `alloc_pages` on one node after the cache missed.
+    #[inline(never)]
+    fn alloc_pages_uncached(&self, gfp: Gfp, order: u32) -> Result<Pfn, Error> {
         let r = self
             .inner
             .alloc
-            .alloc_pages(gfp, order, &AllocHooks::new(self));
+            .alloc_pages_uncached(gfp, order, &AllocHooks::new(self));
         self.finish_alloc(r, gfp, order)
     }
 

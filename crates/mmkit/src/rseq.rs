@@ -106,23 +106,21 @@ mod imp {
         })
     }
 
-    /// The calling thread's `struct rseq`.
+    /// The offset of the calling thread's `struct rseq` from its thread
+    /// pointer (the `%fs` base): the sequences address the area `%fs`-relative,
+    /// so they never materialise the thread pointer.
     #[inline(always)]
-    fn area() -> *mut u8 {
-        let tp: usize;
-        // SAFETY: on x86_64 Linux, %fs:0 holds the thread pointer.
-        unsafe {
-            std::arch::asm!("mov {}, fs:0", out(reg) tp, options(nostack, readonly, preserves_flags))
-        };
+    fn area() -> isize {
         // SAFETY: a constant glibc initialises before main.
-        (tp as isize + unsafe { __rseq_offset }) as *mut u8
+        unsafe { __rseq_offset }
     }
 
     const HIT: u32 = 0;
     const MISS: u32 = 1;
     const ABORT: u32 = 2;
 
-    /// One restartable sequence on the current CPU's list of a row: `$body` runs
+    /// One restartable sequence on the current CPU's list of a row (`$rs`: the
+    /// rseq area's offset from the `%fs` base, see `area`): `$body` runs
     /// with `{c}` pointing at the list (CPU in range, list not fenced), jumps to
     /// `24f` to miss, and ends with its commit store. Sets `{s}` to HIT, MISS or
     /// ABORT. The descriptor (start 21, length to 22, abort 23) goes to `__rseq_cs`,
@@ -131,9 +129,9 @@ mod imp {
         ($rs:expr, $row:expr, $nr:expr, $status:ident, $($body:literal),+ ; $($ops:tt)*) => {
             std::arch::asm!(
                 "lea {t}, [rip + 20f]",
-                "mov qword ptr [{rs} + {cs}], {t}",
+                "mov qword ptr fs:[{rs} + {cs}], {t}",
                 "21:",
-                "mov {c:e}, dword ptr [{rs} + {cpu}]",
+                "mov {c:e}, dword ptr fs:[{rs} + {cpu}]",
                 "cmp {c}, {nr}",
                 "jae 24f",
                 "shl {c}, {shift}",
@@ -202,7 +200,7 @@ mod imp {
         until_done(None, || {
             let status: u32;
             let val: u32;
-            // SAFETY: `rs` is this thread's registered rseq area (`available()` was
+            // SAFETY: `%fs:rs` is this thread's registered rseq area (`available()` was
             // true before any cache existed); `row` holds `nr` lists (caller). The
             // sequence only reads until its last instruction, the store of
             // `pops + 1`, which commits it.

@@ -17,7 +17,8 @@ use core::sync::atomic::Ordering;
 use super::{Claim, FreeError, PageAlloc};
 use crate::gfp::MIGRATE_PCPTYPES;
 use crate::page::{
-    fl_mt, fl_order, fl_state, mk_flags, PageState, Pfn, FL_ORDER_MASK, MAX_ORDER, PG_OWNED,
+    fl_mt, fl_order, fl_state, mk_flags, PageState, Pfn, FL_ORDER_MASK, FL_STATE_MASK, MAX_ORDER,
+    PG_OWNED,
 };
 use crate::pcp::{PcpGuard, PCP_MAX_ORDER};
 use crate::platform::Platform;
@@ -72,25 +73,23 @@ impl<P: Platform> PageAlloc<P> {
             return Err(FreeError::InvalidOrder);
         }
         let idx = pfn.get();
-        if idx >= self.nr_pages {
+        // The descriptor array holds exactly `nr_pages` entries: its bounds
+        // check is the range check.
+        let Some(page) = self.mem.pages.get(idx as usize) else {
             return Err(FreeError::OutOfRange);
-        }
+        };
         if idx & ((1 << order) - 1) != 0 {
             return Err(FreeError::Misaligned);
         }
-        let page = self.mem.page(idx as u32);
+        // State, order and (for a user) `PG_OWNED` in one compare: an
+        // allocated head of `order` that the claimant may free. Anything else
+        // is classified out of line.
+        let mask = FL_STATE_MASK | FL_ORDER_MASK | if who == Claim::User { PG_OWNED } else { 0 };
+        let want = mk_flags(PageState::Alloc, order, 0);
         let mut f = page.flags.load(Ordering::Relaxed);
         loop {
-            if fl_state(f) != PageState::Alloc as u32 {
-                return Err(FreeError::NotAllocated);
-            }
-            if who == Claim::User && f & PG_OWNED != 0 {
-                return Err(FreeError::Owned);
-            }
-            if fl_order(f) != order {
-                return Err(FreeError::WrongOrder {
-                    allocated: fl_order(f),
-                });
+            if f & mask != want {
+                return Err(refused_claim(f, who));
             }
             // Whoever unmaps a page for good takes it off the LRU first.
             debug_assert!(
@@ -226,5 +225,21 @@ impl<P: Platform> PageAlloc<P> {
             self.free_claimed(idx, order, mt);
         }
         freed
+    }
+}
+
+/// Why a claim of the head whose flags are `f` is refused (it is not an
+/// allocated head of `order` that `who` may free).
+#[cold]
+#[inline(never)]
+fn refused_claim(f: u32, who: Claim) -> FreeError {
+    if fl_state(f) != PageState::Alloc as u32 {
+        FreeError::NotAllocated
+    } else if who == Claim::User && f & PG_OWNED != 0 {
+        FreeError::Owned
+    } else {
+        FreeError::WrongOrder {
+            allocated: fl_order(f),
+        }
     }
 }
