@@ -13,14 +13,26 @@
 //! - `fault-nt`, `fault-auto`: mmkit huge faults (`touch` of each 2 MiB of a
 //!   HUGE mapping), explicit streaming stores and `Auto` (the calibrated plan).
 //!
+//! - `stosb-whole`: one `rep stosb` over the whole pass (what `raw-memset`
+//!   and `raw-stosb` of `clear_huge`'s 1GiB case do), per 2 MiB for comparison.
+//!
+//! `PASS_MB=1024` makes the pass 1 GiB (the 1GiB case); default 256.
+//!
 //! `cargo run --release -p mmkit --example huge_fault_cost -- [ROUNDS]`; with
 //! `FAULTS_ONLY=N` it only runs N passes of `fault-nt` (for
 //! `valgrind --tool=callgrind`, to count instructions per fault).
-use mmkit::mmkit_core::clear::{clear_pages_nt, cpu_clear_caps, ChunkedClear};
+use mmkit::mmkit_core::clear::{clear_pages_nt, clear_pages_with, cpu_clear_caps, ChunkedClear};
 use mmkit::*;
 use std::time::Instant;
 
-const PASS: usize = 256 << 20;
+/// Bytes per pass (`PASS_MB`, default 256 MiB).
+fn pass_len() -> usize {
+    std::env::var("PASS_MB")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(256)
+        << 20
+}
 const HPAGE: usize = 2 << 20;
 
 fn buffer(len: usize) -> *mut u8 {
@@ -48,26 +60,26 @@ fn buffer(len: usize) -> *mut u8 {
 /// Seconds of one pass of `f` over each 2 MiB of the pass.
 fn pass_raw(buf: *mut u8, f: &dyn Fn(*mut u8)) -> f64 {
     let t0 = Instant::now();
-    for off in (0..PASS).step_by(HPAGE) {
+    for off in (0..pass_len()).step_by(HPAGE) {
         f(buf.wrapping_add(off));
     }
     t0.elapsed().as_secs_f64()
 }
 
 fn pass_fault(space: &Space) -> f64 {
-    let a = space.mmap(PASS, MapFlags::HUGE).unwrap();
+    let a = space.mmap(pass_len(), MapFlags::HUGE).unwrap();
     let t0 = Instant::now();
-    for off in (0..PASS as u64).step_by(HPAGE) {
+    for off in (0..pass_len() as u64).step_by(HPAGE) {
         space.touch(a + off, true).unwrap();
     }
     let s = t0.elapsed().as_secs_f64();
-    space.munmap(a, PASS).unwrap();
+    space.munmap(a, pass_len()).unwrap();
     s
 }
 
 fn mm(clear: ClearStrategy) -> Mm {
     Mm::builder()
-        .memory(PASS + (64 << 20))
+        .memory(pass_len() + (64 << 20))
         .clear(clear)
         .prefault(true)
         .build()
@@ -91,7 +103,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(9);
     let nt = cpu_clear_caps().nt_kind;
-    let buf = buffer(PASS);
+    let buf = buffer(pass_len());
     let (m_nt, m_auto) = (mm(ClearStrategy::NonTemporal), mm(ClearStrategy::Auto));
     eprintln!("plan: {:?}", m_auto);
     let (s_nt, s_auto) = (m_nt.new_space().unwrap(), m_auto.new_space().unwrap());
@@ -103,6 +115,7 @@ fn main() {
         "order-sparse",
         "fault-nt",
         "fault-auto",
+        "stosb-whole",
     ];
     let mut t: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     let sparse = order.with_hot(0, 1).with_window_pages(1);
@@ -129,8 +142,12 @@ fn main() {
         }
         t[4].push(pass_fault(&s_nt));
         t[5].push(pass_fault(&s_auto));
+        let t0 = Instant::now();
+        // SAFETY: the whole buffer, ours, nothing refers into it.
+        unsafe { clear_pages_with(buf, pass_len(), ClearStrategy::MultiPage) };
+        t[6].push(t0.elapsed().as_secs_f64());
     }
-    let per = (PASS / HPAGE) as f64;
+    let per = (pass_len() / HPAGE) as f64;
     for (name, v) in names.iter().zip(&mut t) {
         v.sort_by(f64::total_cmp);
         let us = |s: f64| s * 1e6 / per;
@@ -138,7 +155,7 @@ fn main() {
             "{name:>13}: min {:7.2} us  median {:7.2} us per 2 MiB ({:.1} GB/s at the min)",
             us(v[0]),
             us(v[v.len() / 2]),
-            PASS as f64 / v[0] / 1e9
+            pass_len() as f64 / v[0] / 1e9
         );
     }
 }
