@@ -187,7 +187,7 @@ impl Mm {
     }
 
     /// `alloc_pages` on one node after the cache missed.
-    #[inline(never)]
+    #[inline]
     fn alloc_pages_uncached(&self, gfp: Gfp, order: u32) -> Result<Pfn, Error> {
         let r = self
             .inner
