@@ -38,7 +38,12 @@
 //!   and restored after it; skipped with a note when that is refused.
 //!
 //! A case runs untimed passes for the warmup, then timed passes for the duration
-//! (at least `MIN_PASSES`); `gb_per_sec` is the median of the passes.
+//! (at least `MIN_PASSES`); `gb_per_sec` is the median of the passes. The point
+//! is repeated `--rounds` times with the variants interleaved and the median of
+//! the rounds reported, as for the other workloads: a variant's passes last
+//! about half a second, and on a shared host a burst of other work that long
+//! lowered whichever variant it fell on (the first in a run, more often than
+//! not) by up to half, against the others' medians.
 
 use super::{
     arena_for, gb_per_sec, median, Figure, Metric, Workload, ALLOC_FAILURES, GB_PER_SEC, HUGE_PCT,
@@ -466,10 +471,6 @@ impl Workload for ClearHuge {
         p.insert("llc_bytes".into(), (caps.llc_bytes as u64).into());
         clear_plan_params(&mut p);
         p
-    }
-
-    fn repeatable(&self) -> bool {
-        false
     }
 
     fn run(&self, peer: &Peer, threads: usize, timing: &Timing) -> Vec<Figure> {
