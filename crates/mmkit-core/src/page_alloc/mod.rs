@@ -411,35 +411,6 @@ impl<P: Platform> PageAlloc<P> {
         self.alloc_pages_flags(gfp, order, hooks, 0)
     }
 
-    /// The first half of [`Self::alloc_pages`]: an order-0 page from this
-    /// CPU's cache when there is one zone (no hooks needed), else `None`.
-    /// A caller that gets `None` goes on with [`Self::alloc_pages_uncached`],
-    /// which does not try the cache again; together they are `alloc_pages`.
-    /// Split so that the caller builds its slow-path hooks only after a miss.
-    #[inline(always)]
-    pub fn alloc_page_cached(&self, gfp: Gfp, order: u32) -> Option<Pfn> {
-        if order == 0 && self.zones.len() == 1 {
-            let mt = gfp.migratetype() as usize;
-            if let Some(idx) = self.cache_pop_first_zone(mt) {
-                return Some(self.prep_new_page(idx, 0, mt, 0));
-            }
-        }
-        None
-    }
-
-    /// The rest of [`Self::alloc_pages`] after [`Self::alloc_page_cached`]
-    /// returned `None`.
-    #[inline]
-    pub fn alloc_pages_uncached(
-        &self,
-        gfp: Gfp,
-        order: u32,
-        hooks: &impl SlowPathHooks,
-    ) -> Result<Pfn, AllocError> {
-        let one_zone = order == 0 && self.zones.len() == 1;
-        self.alloc_pages_ac(&AllocContext::new(gfp), order, hooks, 0, !one_zone)
-    }
-
     /// Allocates a block for the layer above's own use (an address space's data
     /// and table pages, swap-cache pages): its head carries [`PG_OWNED`], so
     /// `free_pages` with [`Claim::User`] refuses it; the owner releases it with
@@ -477,17 +448,6 @@ impl<P: Platform> PageAlloc<P> {
             }
         }
         self.alloc_pages_ac(&AllocContext::new(gfp), order, hooks, pg, !one_zone)
-    }
-
-    /// An order-0 page of `mt` from the first zone's cache on this CPU, if the
-    /// zone is above its low mark (as `alloc_pages_ac` checks it).
-    #[inline(always)]
-    fn cache_pop_first_zone(&self, mt: usize) -> Option<u32> {
-        let c = self.caches.as_ref()?;
-        if mt >= MIGRATE_PCPTYPES || !self.zones[0].watermark_ok(0, ALLOC_WMARK_LOW) {
-            return None;
-        }
-        c.pop::<P>(0, mt)
     }
 
     /// The allocation proper (Linux's `__alloc_pages`): the fast path along the

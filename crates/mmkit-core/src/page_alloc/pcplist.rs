@@ -1,5 +1,6 @@
 //! The per-CPU page lists and their lock-free caches (Linux's pcp side of
-//! `mm/page_alloc.c`): refill from the zone (`rmqueue_bulk`, or a cluster cut
+//! `mm/page_alloc.c`): the order-0 cache hit on one zone (`alloc_page_cached`,
+//! with `alloc_pages_uncached` for the rest of the allocation), refill from the zone (`rmqueue_bulk`, or a cluster cut
 //! from as few buddy blocks as possible), the cache's fill / spill / drain, the
 //! free side (`free_unref_page_commit`, `free_pcppages_bulk`), `drain_all_pages`
 //! and the auto-tuning of `high` (Linux 6.7's `nr_pcp_alloc` / `nr_pcp_high`).
@@ -14,10 +15,10 @@
 
 use alloc::vec::Vec;
 
-use super::{wmark_fail_event, PageAlloc};
+use super::{wmark_fail_event, AllocError, PageAlloc, SlowPathHooks};
 use crate::config::{PcpHighPolicy, RefillPolicy};
-use crate::gfp::MIGRATE_PCPTYPES;
-use crate::page::{MAX_ORDER, PAGEBLOCK_ORDER};
+use crate::gfp::{AllocContext, Gfp, ALLOC_WMARK_LOW, MIGRATE_PCPTYPES};
+use crate::page::{Pfn, MAX_ORDER, PAGEBLOCK_ORDER};
 use crate::pcp::{PcpGuard, PcpList, PCP_BATCH_SCALE_MAX, PCP_MAX_ORDER, PCP_ORDERS};
 use crate::pcp_cache::PCP_CACHE_SLOTS;
 use crate::platform::Platform;
@@ -33,6 +34,46 @@ const PCP_CLUSTER_MERGE_PAGES: u32 = 256;
 const PCP_CACHE_BATCH: usize = PCP_CACHE_SLOTS / 2;
 
 impl<P: Platform> PageAlloc<P> {
+    /// The first half of [`Self::alloc_pages`]: an order-0 page from this
+    /// CPU's cache when there is one zone (no hooks needed), else `None`.
+    /// A caller that gets `None` goes on with [`Self::alloc_pages_uncached`],
+    /// which does not try the cache again; together they are `alloc_pages`.
+    /// Split so that the caller builds its slow-path hooks only after a miss.
+    #[inline(always)]
+    pub fn alloc_page_cached(&self, gfp: Gfp, order: u32) -> Option<Pfn> {
+        if order == 0 && self.zones.len() == 1 {
+            let mt = gfp.migratetype() as usize;
+            if let Some(idx) = self.cache_pop_first_zone(mt) {
+                return Some(self.prep_new_page(idx, 0, mt, 0));
+            }
+        }
+        None
+    }
+
+    /// The rest of [`Self::alloc_pages`] after [`Self::alloc_page_cached`]
+    /// returned `None`.
+    #[inline]
+    pub fn alloc_pages_uncached(
+        &self,
+        gfp: Gfp,
+        order: u32,
+        hooks: &impl SlowPathHooks,
+    ) -> Result<Pfn, AllocError> {
+        let one_zone = order == 0 && self.zones.len() == 1;
+        self.alloc_pages_ac(&AllocContext::new(gfp), order, hooks, 0, !one_zone)
+    }
+
+    /// An order-0 page of `mt` from the first zone's cache on this CPU, if the
+    /// zone is above its low mark (as `alloc_pages_ac` checks it).
+    #[inline(always)]
+    pub(super) fn cache_pop_first_zone(&self, mt: usize) -> Option<u32> {
+        let c = self.caches.as_ref()?;
+        if mt >= MIGRATE_PCPTYPES || !self.zones[0].watermark_ok(0, ALLOC_WMARK_LOW) {
+            return None;
+        }
+        c.pop::<P>(0, mt)
+    }
+
     /// After a cache miss served by the per-CPU list: moves up to
     /// `PCP_CACHE_BATCH` more of its hot pages into the current CPU's cache, so
     /// the next allocations take no lock. Pages the cache no longer has room for
