@@ -228,8 +228,9 @@ impl<P: Platform> PageAlloc<P> {
     }
 }
 
-/// Why a claim of the head whose flags are `f` is refused (it is not an
-/// allocated head of `order` that `who` may free).
+/// Why a claim of the head whose flags are `f` is refused: it is not an
+/// allocated head, `who` may not free it, or its order is not the one asked
+/// for (`claim_for_free`'s one compare found one of these).
 #[cold]
 #[inline(never)]
 fn refused_claim(f: u32, who: Claim) -> FreeError {
