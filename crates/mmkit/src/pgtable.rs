@@ -329,6 +329,7 @@ impl fmt::Debug for Pte {
             (PTE_NUMA, " NUMA"),
             (PTE_COMPOUND, " COMPOUND"),
             (PTE_MIGRATION, " MIGRATION"),
+            (PTE_PREFAULT, " PREFAULT"),
         ] {
             if self.0 & bit != 0 {
                 f.write_str(name)?;
