@@ -9,9 +9,11 @@
 //! - `Protected` (mmkit's): the inactive list is a small probation FIFO (5% of
 //!   the lists, at least 64 pages) feeding the active list, a protected CLOCK
 //!   with a 2-bit use counter per page (2Q / S3-FIFO / CLOCK-Pro family). The
-//!   faulting access is the insertion, not a reuse: a page mapped young before
-//!   anyone used it (fault-around, a huge page) carries `LRU_FRESH`, and its
-//!   first sighting of the accessed bit only clears that. A probation page is
+//!   faulting access is the insertion, not a reuse (a page prefaulted by
+//!   fault-around is mapped so that its first access is: `PTE_PREFAULT` in
+//!   the std crate); a page mapped young before anyone used it (a huge page)
+//!   carries `LRU_FRESH`, and its first sighting of the accessed bit only
+//!   clears that. A probation page is
 //!   promoted when seen referenced at two consecutive tail visits
 //!   (`LRU_REFERENCED` marks the first), or at one if it was in the working
 //!   set before (`LRU_WORKINGSET`: demoted from the protected list, or

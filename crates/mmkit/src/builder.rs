@@ -99,11 +99,11 @@ impl Variant {
     }
     /// The load-control variants (`mmkit` is the `Off` one).
     pub const LOADCTL: [Variant; 2] = [Variant::Mmkit, Variant::MmkitLoadctl];
-    /// Load control under thrashing: working-set load control for
-    /// `mmkit-loadctl`, off for the others (it has not won yet).
+    /// Load control under thrashing: the swap token for `mmkit-loadctl`, off
+    /// for the others.
     pub const fn load_control(self) -> LoadControl {
         match self {
-            Variant::MmkitLoadctl => LoadControl::WorkingSet,
+            Variant::MmkitLoadctl => LoadControl::SwapToken,
             _ => LoadControl::Off,
         }
     }

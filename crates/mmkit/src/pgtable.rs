@@ -94,6 +94,13 @@ pub const PTE_NUMA: u64 = 1 << 8;
 pub const PTE_COMPOUND: u64 = 1 << 9;
 /// Software bit (with `PTE_PRESENT` and `PTE_NUMA` clear): a migration entry.
 pub const PTE_MIGRATION: u64 = 1 << 10;
+/// Software bit (with `PTE_PRESENT`): mapped ahead of use by fault-around and
+/// not accessed since. The first access clears it instead of setting
+/// `PTE_ACCESSED`: that access is the page's insertion, as the faulting
+/// access is for the page it faults in (Linux maps prefaulted PTEs old,
+/// `arch_wants_old_prefaulted_pte`; here the first access is also not a
+/// reuse, so a page touched once is reclaimed at its first look).
+pub const PTE_PREFAULT: u64 = 1 << 11;
 /// First bit of the pfn.
 pub const PTE_PFN_SHIFT: u32 = 12;
 /// The pfn bits, 12..52.
@@ -322,6 +329,7 @@ impl fmt::Debug for Pte {
             (PTE_NUMA, " NUMA"),
             (PTE_COMPOUND, " COMPOUND"),
             (PTE_MIGRATION, " MIGRATION"),
+            (PTE_PREFAULT, " PREFAULT"),
         ] {
             if self.0 & bit != 0 {
                 f.write_str(name)?;

@@ -555,7 +555,9 @@ pub(crate) fn folio_referenced_one(m: &RmapOne<'_>, page: Pfn) -> bool {
         return false;
     }
     let old = slot.fetch_and(!PTE_ACCESSED, Ordering::AcqRel);
-    old & PTE_ACCESSED != 0
+    // The swap token's holder keeps its pages (`thrash.rs`, as Linux's
+    // `page_referenced_one` counted them referenced).
+    old & PTE_ACCESSED != 0 || m.space.load().holds_token()
 }
 
 /// Linux's `folio_referenced`: was the locked `page` accessed through its mapping

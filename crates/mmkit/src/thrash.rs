@@ -20,9 +20,23 @@
 //! active while it faults or waits; one seen doing neither for `IDLE` is
 //! dropped.
 //!
+//! `SwapToken` (Linux's swap token, `mm/thrash.c`, 2.6.9-3.4): engaged on
+//! the same signals, one member whose set fits in `TOKEN_FIT_PER_1024` of the
+//! memory holds the token (one: the sets of the others are not known until
+//! each has held it, and an underestimated group thrashes among itself);
+//! reclaim takes the holder's pages as referenced
+//! (`folio_referenced_one`), so its set stays resident and it runs at memory
+//! speed, while the others keep running in the rest of the memory, never
+//! stopped: each pauses `TOKEN_PAUSE` at its next access after a swap-in, so
+//! that their thrashing leaves the CPUs to the holder. The token passes, to
+//! the member that held it least recently, after `TOKEN_HOLD`, or at once
+//! when its holder is gone or its set turned out not to fit.
+//!
 //! Invariants: when engaged, at least one member is admitted (the epoch's
-//! group); a space that is not a member never waits; a waiting thread holds
-//! no lock of the space or the Mm (it waits before its access takes any).
+//! group; under `SwapToken`, the holder, the only space whose `token` is
+//! set); a space that is not a member never waits; a waiting or pausing
+//! thread holds no lock of the space or the Mm (it waits before its access
+//! takes any).
 //!
 //! Locking: the members and the rotation under one mutex, a leaf taken only
 //! on the slow paths (a space's first swap-in, a window's end, a non-admitted
@@ -44,6 +58,9 @@ pub enum LoadControl {
     Off,
     /// Groups of spaces whose working sets fit take turns while thrashing.
     WorkingSet,
+    /// While thrashing, one space at a time keeps its working set (the swap
+    /// token); the others run in the rest of the memory.
+    SwapToken,
 }
 
 /// How often the members are looked at.
@@ -59,6 +76,13 @@ const IDLE: Duration = Duration::from_secs(1);
 /// Swap-ins per window (per memory page, in 1/1024) under which nothing is
 /// thrashing.
 const CALM_PER_1024: u64 = 4;
+/// `SwapToken`: how long one space holds the token.
+const TOKEN_HOLD: Duration = Duration::from_secs(3);
+/// `SwapToken`: the share of the memory (in 1/1024) a holder's set must fit.
+const TOKEN_FIT_PER_1024: u64 = 768;
+/// `SwapToken`: a space without the token pauses this long at its next access
+/// after a swap-in.
+const TOKEN_PAUSE: Duration = Duration::from_millis(1);
 
 /// A space's load-control counters (in its `SpaceInner`).
 #[derive(Default)]
@@ -69,6 +93,19 @@ pub(crate) struct SpaceLoad {
     admitted: AtomicU64,
     /// A member of load control (it swapped in since it last was dropped).
     member: AtomicBool,
+    /// It holds the swap token (`SwapToken`).
+    token: AtomicBool,
+    /// `majflt` at its last pause (`SwapToken`).
+    paid: AtomicU64,
+}
+
+impl SpaceLoad {
+    /// Does this space hold the swap token? Reclaim takes its pages as
+    /// referenced.
+    #[inline]
+    pub(crate) fn holds_token(&self) -> bool {
+        self.token.load(Ordering::Relaxed)
+    }
 }
 
 struct Member {
@@ -163,7 +200,34 @@ impl Thrash {
     #[inline]
     pub(crate) fn throttle(&self, mm: &Mm, load: &SpaceLoad) {
         if self.engaged() && self.held_back(load) {
-            self.wait_turn(mm, load);
+            if self.policy == LoadControl::SwapToken {
+                self.token_pause(mm, load);
+            } else {
+                self.wait_turn(mm, load);
+            }
+        }
+    }
+
+    /// `SwapToken`, a member without the token: pauses once per swap-in it
+    /// took since its last pause.
+    #[cold]
+    #[inline(never)]
+    fn token_pause(&self, mm: &Mm, load: &SpaceLoad) {
+        let f = load.majflt.load(Ordering::Relaxed);
+        if load.paid.swap(f, Ordering::Relaxed) == f {
+            return;
+        }
+        mm.page_alloc()
+            .count_vm_event(mmkit_core::VmEvent::LoadControlWait, 1);
+        self.maybe_window();
+        std::thread::sleep(TOKEN_PAUSE);
+    }
+
+    /// The share of the memory one member's set must fit to be admitted.
+    fn fit_pages(&self) -> u64 {
+        match self.policy {
+            LoadControl::SwapToken => self.memory_pages * TOKEN_FIT_PER_1024 / 1024,
+            _ => self.memory_pages,
         }
     }
 
@@ -247,6 +311,15 @@ impl Thrash {
             let seen = s.rss_pages() + d * per_sec;
             if !engaged {
                 m.wss = seen;
+            } else if running && self.policy == LoadControl::SwapToken {
+                // The holder's set is what it keeps resident (it swaps in
+                // at full speed while it loads); one still swapping in after
+                // half its turn does not fit.
+                m.last_seen = now;
+                m.wss = m.wss.max(s.rss_pages());
+                if late && d * 1024 > self.memory_pages * CALM_PER_1024 {
+                    m.wss = self.memory_pages;
+                }
             } else if running {
                 m.last_seen = now; // its turn: running, at memory speed or not
                                    // Its set grows as it is measured running; a member still
@@ -261,12 +334,14 @@ impl Thrash {
             }
             if now.duration_since(m.last_seen) > IDLE {
                 load.member.store(false, Ordering::Relaxed);
+                load.token.store(false, Ordering::Relaxed);
                 return false;
             }
             true
         });
         let want: u64 = st.members.iter().map(|m| m.wss).sum();
-        let fits_one = st.members.iter().any(|m| m.wss <= self.memory_pages);
+        let fit = self.fit_pages();
+        let fits_one = st.members.iter().any(|m| m.wss <= fit);
         let thrashing = faults * 1024 > self.memory_pages * CALM_PER_1024;
         if !engaged {
             if st.members.len() >= 2 && want > self.memory_pages && fits_one && thrashing {
@@ -280,10 +355,40 @@ impl Thrash {
             self.engaged.store(false, Ordering::Relaxed);
             st.quantum_end = None;
             st.quantum_half = None;
+            self.set_token(st, None);
             return;
         }
-        if st.quantum_end.is_none_or(|end| now >= end) {
+        if st.quantum_end.is_none_or(|end| now >= end) || self.token_lost(st) {
             self.rotate(st, now);
+        }
+    }
+
+    /// `SwapToken`: has the holder gone (dropped, its space freed), or did
+    /// its set turn out not to fit? Then the token passes at once.
+    fn token_lost(&self, st: &State) -> bool {
+        if self.policy != LoadControl::SwapToken {
+            return false;
+        }
+        let (n, sum) = st
+            .members
+            .iter()
+            .filter(|m| m.space.upgrade().is_some_and(|s| s.load().holds_token()))
+            .fold((0, 0), |(n, sum), m| (n + 1, sum + m.wss));
+        n == 0 || sum > self.fit_pages()
+    }
+
+    /// `SwapToken`: gives the token to the member admitted in `epoch` (none:
+    /// to no one).
+    fn set_token(&self, st: &State, epoch: Option<u64>) {
+        if self.policy != LoadControl::SwapToken {
+            return;
+        }
+        for m in &st.members {
+            if let Some(s) = m.space.upgrade() {
+                let l = s.load();
+                let holds = epoch == Some(l.admitted.load(Ordering::Relaxed));
+                l.token.store(holds, Ordering::Relaxed);
+            }
         }
     }
 
@@ -293,13 +398,18 @@ impl Thrash {
     /// epoch admits it.
     fn rotate(&self, st: &mut State, now: Instant) {
         let n = st.members.len();
-        let start = (0..n).min_by_key(|&i| st.members[i].last_turn).unwrap_or(0);
+        let token = self.policy == LoadControl::SwapToken;
+        let fit = self.fit_pages();
+        let start = (0..n)
+            .filter(|&i| !token || st.members[i].wss <= fit)
+            .min_by_key(|&i| st.members[i].last_turn)
+            .unwrap_or(0);
         let epoch = self.epoch.fetch_add(1, Ordering::Relaxed) + 1;
         let mut sum = 0;
         let mut group = 0;
         for k in 0..n {
             let m = &mut st.members[(start + k) % n];
-            if group > 0 && sum + m.wss > self.memory_pages {
+            if group > 0 && (token || sum + m.wss > self.memory_pages) {
                 break;
             }
             sum += m.wss;
@@ -310,8 +420,13 @@ impl Thrash {
             }
         }
         st.group = group;
+        self.set_token(st, token.then_some(epoch));
         let groups = n.div_ceil(group.max(1)).max(1) as u32;
-        let quantum = (CYCLE / groups).clamp(QUANTUM_MIN, QUANTUM_MAX);
+        let quantum = if token {
+            TOKEN_HOLD
+        } else {
+            (CYCLE / groups).clamp(QUANTUM_MIN, QUANTUM_MAX)
+        };
         st.quantum_end = Some(now + quantum);
         st.quantum_half = Some(now + quantum / 2);
         if std::env::var_os("MMKIT_THRASH_DEBUG").is_some() {

@@ -239,6 +239,39 @@ fn reused_pages_are_activated_used_once_reclaimed() {
     mm.check().unwrap();
 }
 
+/// Fault-around's pages (`PTE_PREFAULT`): the first access of a prefaulted
+/// page is its insertion, as the fault is the faulting page's, so one pass
+/// over the list reclaims every page used once, prefaulted or not, and keeps
+/// those used again: each page is looked at exactly once.
+#[test]
+fn prefaulted_pages_used_once_go_at_first_look() {
+    let mm = Mm::builder()
+        .memory(16 * MIB)
+        .kswapd(false)
+        .fault_around(16)
+        .lru_sharded(false)
+        .build()
+        .unwrap();
+    mm.swapon(SwapDevice::ram(8 << 20)).unwrap();
+    let s = mm.new_space().unwrap();
+    let n = 1024;
+    let a = s.mmap(n as usize * PAGE_SIZE, MapFlags::empty()).unwrap();
+    fill(&s, a, n, 5);
+    for i in (0..n).step_by(2) {
+        s.touch(a + i * PAGE, false).unwrap();
+    }
+    assert_eq!(mm.reclaim(n / 2), n / 2);
+    for i in 0..n {
+        assert_eq!(s.translate(a + i * PAGE).is_some(), i % 2 == 0, "page {i}");
+    }
+    assert_eq!(ev(&mm, VmEvent::PgScanDirect), n);
+    assert_eq!(ev(&mm, VmEvent::PgStealDirect), n / 2);
+    assert_eq!(ev(&mm, VmEvent::PgActivate), 0);
+    verify(&s, a, n, 5);
+    drop(s);
+    mm.check().unwrap();
+}
+
 /// Linux's classic rules: faults map pages young, so a first look only marks
 /// them (PG_referenced); under pressure they still go.
 #[test]

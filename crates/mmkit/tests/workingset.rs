@@ -164,15 +164,21 @@ fn refault_within_distance_is_activated() {
 /// space of its own whose working set is a quarter of the arena, write and
 /// read back their pages at random for 3 s (together twice the arena, so
 /// they thrash). With working-set load control the spaces take turns
-/// (accesses wait: `loadctl_wait`), and still every thread progresses within
-/// every 5 s window; without it nothing waits. Every read finds what its
-/// thread wrote last; everything is freed after.
+/// (accesses wait: `loadctl_wait`); with the swap token one keeps its set
+/// and the others pause after their swap-ins (`loadctl_wait` too); either
+/// way every thread progresses within every 5 s window. Without it nothing
+/// waits. Every read finds what its thread wrote last; everything is freed
+/// after.
 #[test]
 fn load_control_takes_turns_without_starving() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
-    for lc in [mmkit::LoadControl::WorkingSet, mmkit::LoadControl::Off] {
+    for lc in [
+        mmkit::LoadControl::WorkingSet,
+        mmkit::LoadControl::SwapToken,
+        mmkit::LoadControl::Off,
+    ] {
         let mm = Mm::builder()
             .memory(16 * MIB)
             .fault_around(1)
@@ -231,6 +237,7 @@ fn load_control_takes_turns_without_starving() {
         let waits = ev(&mm, VmEvent::LoadControlWait);
         match lc {
             mmkit::LoadControl::WorkingSet => assert!(waits > 0, "never took turns"),
+            mmkit::LoadControl::SwapToken => assert!(waits > 0, "no space paused"),
             mmkit::LoadControl::Off => assert_eq!(waits, 0),
         }
         assert!(ev(&mm, VmEvent::PswpIn) > 0);

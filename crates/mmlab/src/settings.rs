@@ -302,12 +302,17 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "load_control",
         group: "swap",
-        values: Values::Names(&["off", "working_set"]),
+        values: Values::Names(&["off", "working_set", "swap_token"]),
         default: "off",
-        description: "when address spaces thrash: every space runs, or groups whose working \
-                      sets fit take turns (working-set load control)",
+        description: "when address spaces thrash: every space runs, groups whose working \
+                      sets fit take turns (working-set load control), or one space at a time \
+                      keeps its set while the others run in the rest (the swap token)",
         apply: |b, v| {
-            b.load_control(pick(v, "working_set", LoadControl::WorkingSet, LoadControl::Off))
+            b.load_control(match v {
+                Value::Name("working_set") => LoadControl::WorkingSet,
+                Value::Name("swap_token") => LoadControl::SwapToken,
+                _ => LoadControl::Off,
+            })
         },
     },
 ];

@@ -276,7 +276,8 @@ impl SpaceInner {
                 return HugeSplit::Busy;
             }
             if keep_if_referenced
-                && slot.fetch_and(!PTE_ACCESSED, Ordering::AcqRel) & PTE_ACCESSED != 0
+                && (slot.fetch_and(!PTE_ACCESSED, Ordering::AcqRel) & PTE_ACCESSED != 0
+                    || self.load().holds_token())
             {
                 return HugeSplit::Referenced;
             }
@@ -307,7 +308,7 @@ impl SpaceInner {
             for (_, slot) in &ptes {
                 referenced |= slot.fetch_and(!PTE_ACCESSED, Ordering::AcqRel) & PTE_ACCESSED != 0;
             }
-            if referenced {
+            if referenced || self.load().holds_token() {
                 return HugeSplit::Referenced;
             }
         }

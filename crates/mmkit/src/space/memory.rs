@@ -26,7 +26,8 @@ use super::{leaf, SpaceInner, Stat, PAGE, SPARSE_TOUCH_BYTES};
 use crate::memcontrol::MemCgInner;
 use crate::migrate::wait_migration;
 use crate::pgtable::{
-    alloc_table, pt_index, used, Pte, Table, PMD_SIZE, PTE_ACCESSED, PTE_DIRTY, PTRS_PER_TABLE,
+    alloc_table, pt_index, used, Pte, Table, PMD_SIZE, PTE_ACCESSED, PTE_DIRTY, PTE_PREFAULT,
+    PTRS_PER_TABLE,
 };
 use crate::{rmap, Error, Gfp, Pfn, PAGE_SIZE};
 
@@ -246,14 +247,19 @@ impl SpaceInner {
         unsafe {
             clear_page_batch(pfns[..n].iter().map(|p| mm.page_address(*p)), strategy, hot);
         }
-        // Every page of the batch but the faulting one is mapped young, as
-        // Linux maps the pages of an anonymous large folio, so the accesses
-        // that follow find their bits set; their LRU state says the first bit
-        // seen is their insertion's (`LRU_FRESH`). The faulting page is mapped
-        // young only where the policy counts the fault as a reference
-        // (Classic); otherwise its accessed bit means a use after the fault.
-        let bits = vmf.young_bits();
+        // The faulting page is mapped young only where the policy counts the
+        // fault as a reference (Classic); otherwise its accessed bit means a
+        // use after the fault. The other pages of the batch: under Classic,
+        // young, as Linux maps the pages of an anonymous large folio (their
+        // LRU state says the first bit seen is their insertion's,
+        // `LRU_FRESH`); otherwise prefaulted (`PTE_PREFAULT`): their first
+        // access is their insertion, and a later one sets the accessed bit.
         let policy = mm.lru().policy;
+        let bits = if policy.fault_sets_young() {
+            vmf.young_bits()
+        } else {
+            (vmf.young_bits() & !PTE_ACCESSED) | PTE_PREFAULT
+        };
         let first_bits = self.fault_bits(vmf);
         let fault_pfn = pfns[0];
         let mut installed = 0;
@@ -283,12 +289,13 @@ impl SpaceInner {
             used(mm, pt_pfn).fetch_add(installed as u64, Ordering::Relaxed);
             self.stats.add(Stat::Rss, installed as i64);
             // Onto the LRU through this CPU's batch (`lru.rs`).
-            let first = policy.new_page_state(policy.fault_sets_young() || pfns[0] != fault_pfn);
+            let young = policy.fault_sets_young();
+            let first = policy.new_page_state(young || pfns[0] != fault_pfn);
             mm.lru().lru_cache_add(
                 mm,
                 &pfns[..installed],
                 first,
-                policy.new_page_state(true),
+                policy.new_page_state(young),
                 memcg,
             );
         }

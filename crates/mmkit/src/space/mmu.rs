@@ -26,7 +26,7 @@ use std::sync::atomic::Ordering;
 use super::memory::VmFault;
 use super::mmap::{bad, check_range, Vma, VmaTree};
 use super::{Space, SpaceInner, Translation, PAGE};
-use crate::pgtable::{PMD_SIZE, PTE_ACCESSED, PTE_DIRTY};
+use crate::pgtable::{Pte, PMD_SIZE, PTE_ACCESSED, PTE_DIRTY, PTE_PREFAULT};
 use crate::{Error, Mm, Pfn, PAGE_SIZE};
 
 thread_local! {
@@ -231,6 +231,18 @@ impl Space {
     }
 }
 
+/// The entry an access makes of `e` (`want`: `e` with the access's bits):
+/// the first access of a prefaulted page only clears `PTE_PREFAULT`, it sets
+/// no accessed bit (see `PTE_PREFAULT`).
+#[inline]
+fn first_touch(e: Pte, want: Pte) -> Pte {
+    if e.raw() & PTE_PREFAULT == 0 {
+        return want;
+    }
+    let keep = e.raw() & PTE_ACCESSED;
+    Pte::from_raw((want.raw() & !(PTE_PREFAULT | PTE_ACCESSED)) | keep)
+}
+
 impl SpaceInner {
     /// Faults in the page at `addr` for an access of `len` bytes, takes its page
     /// lock, checks that the PTE still maps that frame (a migration may have moved
@@ -294,7 +306,7 @@ impl SpaceInner {
         loop {
             if let Some((slot, e, level)) = self.follow_pte_cached(held, addr) {
                 if e.is_present() {
-                    let e2 = e.with(want);
+                    let e2 = first_touch(e, e.with(want));
                     if e2 == e
                         || slot
                             .compare_exchange(
