@@ -602,16 +602,19 @@ fn a_streaming_group_pays_for_its_own_reclaim() {
         mm.check().unwrap();
         (stalls, sta, stb)
     };
-    let (stalls, a, b) = run(true);
-    assert_eq!(stalls, 0, "B's charges kept free memory up: {b:?}");
+    let (grouped, a, b) = run(true);
     assert!(
         b.pgsteal > 0 && b.pswpout > 0,
         "B reclaimed its own pages: {b:?}"
     );
     assert_eq!(a.pswpout, 0, "A kept its pages: {a:?}");
-    let (stalls, _, _) = run(false);
+    let (ungrouped, _, _) = run(false);
+    // Single-threaded, B's charges keep free memory above the watermarks and
+    // no allocation stalls (0 on a quiet machine). A thread moved between CPUs
+    // under load can find the free pages on the other CPU's lists and stall
+    // once or twice; without a group, B stalls hundreds of times.
     assert!(
-        stalls > 0,
-        "without a group, B's allocations stall in direct reclaim"
+        ungrouped > 0 && grouped * 20 <= ungrouped,
+        "B's charges kept free memory up: {grouped} stalls in a group, {ungrouped} without: {b:?}"
     );
 }

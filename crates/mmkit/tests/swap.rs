@@ -32,6 +32,25 @@ fn fill(s: &Space, a: u64, pages: u64, tag: u64) {
     }
 }
 
+/// Keeps the calling thread on the CPU it runs on. Reclaim drains only its own
+/// CPU's `lru_add` batch first (Linux's `lru_add_drain`), so a test that counts
+/// which pages one pass reclaims needs every page it faulted on the lists: a
+/// thread moved between CPUs mid-fill leaves a few pages in the first CPU's
+/// batch, and the pass then takes as many referenced pages in their place.
+fn pin_to_this_cpu() {
+    // SAFETY: sched_getcpu has no arguments; the set is a zeroed plain struct
+    // written by CPU_SET within its bounds and read by sched_setaffinity.
+    unsafe {
+        let cpu = libc::sched_getcpu();
+        if cpu < 0 {
+            return;
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 fn verify(s: &Space, a: u64, pages: u64, tag: u64) {
     for i in 0..pages {
         let mut b = [0u8; 8];
@@ -120,6 +139,9 @@ fn content_survives_swapping_16_threads_and_swapoff() {
     assert_eq!(mm.swap_info().len(), 1);
     check_all("after swapoff");
     drop(spaces);
+    // A batch kswapd is writing out may still hold pages and slots of the
+    // spaces just dropped.
+    mm.wait_reclaim_idle();
     assert_eq!(used_swap(&mm), 0, "swap slots leaked");
     mm.swapoff(b_dev).unwrap();
     mm.drain_all_pages();
@@ -203,6 +225,7 @@ fn never_read_back_stale() {
 /// the oldest page of all, so one pass over the list looks at each once.)
 #[test]
 fn reused_pages_are_activated_used_once_reclaimed() {
+    pin_to_this_cpu();
     let mm = Mm::builder()
         .memory(16 * MIB)
         .kswapd(false)
@@ -245,6 +268,7 @@ fn reused_pages_are_activated_used_once_reclaimed() {
 /// those used again: each page is looked at exactly once.
 #[test]
 fn prefaulted_pages_used_once_go_at_first_look() {
+    pin_to_this_cpu();
     let mm = Mm::builder()
         .memory(16 * MIB)
         .kswapd(false)
@@ -735,6 +759,7 @@ fn read_faults_keep_their_slot_while_there_is_room() {
         fill(&s, a, pages, 5);
         verify(&s, a, pages, 5);
         drop(s);
+        mm.wait_reclaim_idle();
         assert_eq!(used_swap(&mm), 0, "{policy:?}: slots leaked");
         mm.check().unwrap();
     }
