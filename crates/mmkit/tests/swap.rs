@@ -4,7 +4,7 @@
 //! swapon/swapoff input changes nothing.
 
 mod common;
-use common::{used_swap, Rng};
+use common::{pin_to_current_cpu, used_swap, Rng};
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -29,25 +29,6 @@ fn fill(s: &Space, a: u64, pages: u64, tag: u64) {
         let v = tag ^ i;
         s.write(a + i * PAGE + (i % 512) * 8, &v.to_le_bytes())
             .unwrap();
-    }
-}
-
-/// Keeps the calling thread on the CPU it runs on. Reclaim drains only its own
-/// CPU's `lru_add` batch first (Linux's `lru_add_drain`), so a test that counts
-/// which pages one pass reclaims needs every page it faulted on the lists: a
-/// thread moved between CPUs mid-fill leaves a few pages in the first CPU's
-/// batch, and the pass then takes as many referenced pages in their place.
-fn pin_to_this_cpu() {
-    // SAFETY: sched_getcpu has no arguments; the set is a zeroed plain struct
-    // written by CPU_SET within its bounds and read by sched_setaffinity.
-    unsafe {
-        let cpu = libc::sched_getcpu();
-        if cpu < 0 {
-            return;
-        }
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
 
@@ -225,7 +206,11 @@ fn never_read_back_stale() {
 /// the oldest page of all, so one pass over the list looks at each once.)
 #[test]
 fn reused_pages_are_activated_used_once_reclaimed() {
-    pin_to_this_cpu();
+    // Reclaim drains only its own CPU's lru_add batch first (Linux's
+    // lru_add_drain): a thread moved mid-fill would leave pages on another
+    // CPU's batch, and the one pass counted here would take referenced pages
+    // in their place.
+    pin_to_current_cpu();
     let mm = Mm::builder()
         .memory(16 * MIB)
         .kswapd(false)
@@ -268,7 +253,11 @@ fn reused_pages_are_activated_used_once_reclaimed() {
 /// those used again: each page is looked at exactly once.
 #[test]
 fn prefaulted_pages_used_once_go_at_first_look() {
-    pin_to_this_cpu();
+    // Reclaim drains only its own CPU's lru_add batch first (Linux's
+    // lru_add_drain): a thread moved mid-fill would leave pages on another
+    // CPU's batch, and the one pass counted here would take referenced pages
+    // in their place.
+    pin_to_current_cpu();
     let mm = Mm::builder()
         .memory(16 * MIB)
         .kswapd(false)
